@@ -1,0 +1,103 @@
+"""Chorus errors. One root; a branch for misuse and one for runtime failure.
+
+::
+
+    ChorusError
+    ├── UserError                 the caller asked for something invalid
+    │   ├── UnknownAgentError     agent name not registered by the workers
+    │   ├── UnknownToolError      tool name not registered by the workers
+    │   ├── InvalidRequestError   payload failed validation (names the field)
+    │   ├── ConversationNotFound
+    │   ├── ConversationBusyError a turn is running on that conversation
+    │   └── ConfigurationError    settings missing or contradictory
+    └── AgentRunError             something failed while running
+        ├── ModelError            the model API failed (status, body)
+        ├── ModelBehaviorError    the model answered something unusable
+        ├── ToolExecutionError    a tool raised or timed out
+        └── JobFailedError        ``Job.result()`` on a failed turn
+"""
+
+from __future__ import annotations
+
+
+class ChorusError(Exception):
+    """Root of every error Chorus raises."""
+
+
+class UserError(ChorusError):
+    """The caller asked for something invalid; the message says what to do."""
+
+
+class UnknownAgentError(UserError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        super().__init__(
+            f"unknown agent {name!r}; registered agents: {sorted(known) or 'none'} "
+            "(declare it with Agent(...) in a module listed in CHORUS_MODULES)"
+        )
+
+
+class UnknownToolError(UserError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        super().__init__(
+            f"unknown tool {name!r}; registered tools: {sorted(known) or 'none'} "
+            "(declare it with @tool in a module listed in CHORUS_MODULES)"
+        )
+
+
+class InvalidRequestError(UserError):
+    """A payload failed validation. ``fields`` names the offending fields."""
+
+    def __init__(self, message: str, fields: list[str] | None = None) -> None:
+        self.fields = fields or []
+        super().__init__(message)
+
+
+class ConversationNotFound(UserError):
+    def __init__(self, conversation_id: str) -> None:
+        self.conversation_id = conversation_id
+        super().__init__(f"no conversation {conversation_id!r}")
+
+
+class ConversationBusyError(UserError):
+    def __init__(self, conversation_id: str) -> None:
+        self.conversation_id = conversation_id
+        super().__init__(
+            f"conversation {conversation_id!r} is running a turn; wait for it to finish"
+        )
+
+
+class ConfigurationError(UserError):
+    """Settings are missing or contradictory."""
+
+
+class AgentRunError(ChorusError):
+    """Something failed while running an agent."""
+
+
+class ModelError(AgentRunError):
+    """The model API failed. Keeps the provider's status and body."""
+
+    def __init__(self, message: str, status: int | None = None, body: str | None = None) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(message if status is None else f"{message} (status {status})")
+
+
+class ModelBehaviorError(AgentRunError):
+    """The model answered something Chorus cannot use."""
+
+
+class ToolExecutionError(AgentRunError):
+    """A tool raised or timed out."""
+
+
+class JobFailedError(AgentRunError):
+    """The job's turn ended failed or cancelled; ``status`` says which."""
+
+    def __init__(self, job_id: str, status: str, error: str | None) -> None:
+        self.job_id = job_id
+        self.status = status
+        self.error = error
+        super().__init__(f"job {job_id} {status}: {error or 'no detail'}")

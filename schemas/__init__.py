@@ -1,0 +1,39 @@
+"""Pure data contracts of Chorus: no I/O, no Celery, no SQL."""
+
+from schemas.content import (
+    ContentBlock,
+    Message,
+    RawBlock,
+    Role,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    Usage,
+    content_blocks_adapter,
+)
+from schemas.events import TERMINAL_TURN_EVENTS, Event, EventName
+from schemas.jobs import ConversationState, JobRequest, JobStatus, TurnStatus
+from schemas.specs import AgentSpec, ToolSpec
+
+__all__ = [
+    "TERMINAL_TURN_EVENTS",
+    "AgentSpec",
+    "ContentBlock",
+    "ConversationState",
+    "Event",
+    "EventName",
+    "JobRequest",
+    "JobStatus",
+    "Message",
+    "RawBlock",
+    "Role",
+    "TextBlock",
+    "ThinkingBlock",
+    "ToolCallBlock",
+    "ToolResultBlock",
+    "ToolSpec",
+    "TurnStatus",
+    "Usage",
+    "content_blocks_adapter",
+]

@@ -1,0 +1,56 @@
+"""Job request, status and result: what the client sends and reads back."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from schemas.content import Frozen, Usage
+from schemas.specs import AgentSpec
+
+#: Largest accepted input text, in characters.
+MAX_INPUT_CHARS = 200_000
+#: Largest accepted ``context_data``, in bytes of JSON.
+MAX_CONTEXT_BYTES = 256_000
+
+
+class TurnStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self is not TurnStatus.RUNNING
+
+
+class ConversationState(StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"
+
+
+class JobRequest(Frozen):
+    """One turn to run: an agent (registered name or inline spec) and input."""
+
+    agent: str | AgentSpec
+    input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
+    conversation_id: str | None = Field(default=None, max_length=64)
+    context_data: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class JobStatus(Frozen):
+    """Where a job stands."""
+
+    job_id: str
+    conversation_id: str
+    root_id: str
+    agent: str
+    status: TurnStatus
+    step: int
+    output: str | None = None
+    error: str | None = None
+    usage: Usage = Usage()

@@ -1,0 +1,52 @@
+"""Tool and agent specifications: what a worker registered, as data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from schemas.content import Frozen
+
+#: Provider tool-name rule shared by OpenAI, Anthropic and Gemini.
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class ToolSpec(Frozen):
+    """A registered tool as the model and the engine see it."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    parallelizable: bool = True
+    queue: str = "tools"
+    timeout: float = Field(default=300.0, gt=0)
+
+
+class AgentSpec(Frozen):
+    """An agent: a model, a system prompt, tool names and limits.
+
+    ``model_settings`` are passed to litellm (``temperature``, ``api_base``,
+    ...). Secrets never go here: litellm reads provider keys from the
+    environment of the worker.
+    """
+
+    name: str = Field(pattern=NAME_PATTERN)
+    model: str = Field(min_length=1)
+    system: str = ""
+    tools: tuple[str, ...] = ()
+    max_steps: int = Field(default=25, ge=1, le=1000)
+    model_settings: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("model_settings")
+    @classmethod
+    def _no_secrets(cls, value: dict[str, Any]) -> dict[str, Any]:
+        secret = {k for k in value if "key" in k.lower() or "token" in k.lower()}
+        if secret:
+            raise ValueError(
+                f"model_settings may not carry secrets ({sorted(secret)}); "
+                "set provider keys in the worker's environment"
+            )
+        return value
