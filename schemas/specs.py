@@ -17,9 +17,7 @@ class ToolSpec(Frozen):
 
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
-    parameters: dict[str, Any] = Field(
-        default_factory=lambda: {"type": "object", "properties": {}}
-    )
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     parallelizable: bool = True
     queue: str = "tools"
     timeout: float = Field(default=300.0, gt=0)

@@ -1,0 +1,1 @@
+"""Runnable examples (``chorus local`` runs :mod:`examples.parallel_tools`)."""

@@ -1,0 +1,50 @@
+"""Chorus: durable, distributed agent runs on Celery, Redis and Postgres.
+
+The public API::
+
+    from orchestrator import Agent, Client, ToolContext, tool
+"""
+
+from orchestrator.agents import Agent
+from orchestrator.client import Client, Job
+from orchestrator.errors import (
+    AgentRunError,
+    ChorusError,
+    ConfigurationError,
+    ConversationBusyError,
+    ConversationNotFound,
+    InvalidRequestError,
+    JobFailedError,
+    ModelBehaviorError,
+    ModelError,
+    ToolExecutionError,
+    UnknownAgentError,
+    UnknownToolError,
+    UserError,
+)
+from orchestrator.settings import Settings, load_settings
+from orchestrator.tools import Tool, ToolContext, tool
+
+__all__ = [
+    "Agent",
+    "AgentRunError",
+    "ChorusError",
+    "Client",
+    "ConfigurationError",
+    "ConversationBusyError",
+    "ConversationNotFound",
+    "InvalidRequestError",
+    "Job",
+    "JobFailedError",
+    "ModelBehaviorError",
+    "ModelError",
+    "Settings",
+    "Tool",
+    "ToolContext",
+    "ToolExecutionError",
+    "UnknownAgentError",
+    "UnknownToolError",
+    "UserError",
+    "load_settings",
+    "tool",
+]

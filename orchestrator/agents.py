@@ -1,0 +1,41 @@
+"""``Agent(...)``: declare an agent in Python and register it by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator import registry
+from orchestrator.tools import Tool
+from schemas import AgentSpec
+
+
+def Agent(
+    name: str,
+    model: str,
+    system: str = "",
+    tools: list[Tool | str] | tuple[Tool | str, ...] = (),
+    *,
+    max_steps: int = 25,
+    model_settings: dict[str, Any] | None = None,
+) -> AgentSpec:
+    """Declare an agent and register it, so jobs can name it.
+
+    Args:
+        name: the name jobs use (letters, digits, ``_`` and ``-``).
+        model: a litellm model string, e.g. ``openai/gpt-4o`` or ``scripted/demo``.
+        system: the system prompt.
+        tools: tools (``@tool`` objects or registered names) the model may call.
+        max_steps: model calls allowed in one turn before it fails.
+        model_settings: extra litellm arguments (``temperature``, ``api_base``);
+            never secrets, which litellm reads from the worker's environment.
+    """
+    spec = AgentSpec(
+        name=name,
+        model=model,
+        system=system,
+        tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
+        max_steps=max_steps,
+        model_settings=model_settings or {},
+    )
+    registry.register_agent(spec)
+    return spec

@@ -1,0 +1,69 @@
+"""Celery configuration shared by workers and producers (clients).
+
+JSON only; acks late; a task whose worker dies is rejected back to the
+queue; prefetch 1; every Redis key under the Chorus prefix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from orchestrator.errors import ConfigurationError
+from orchestrator.settings import Settings
+
+#: Queue of each Chorus task (a tool call may name its own queue instead).
+QUEUES = {
+    "chorus.step": "llm",
+    "chorus.tool": "tools",
+    "chorus.advance": "control",
+    "chorus.sweep": "control",
+}
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    broker = settings.broker_url or settings.redis_url
+    backend = settings.result_backend or settings.redis_url
+    if broker is None or backend is None:
+        raise ConfigurationError(
+            "no broker: set CHORUS_REDIS_URL (or CHORUS_BROKER_URL and CHORUS_RESULT_BACKEND), "
+            "or run `chorus local` for the embedded default"
+        )
+    prefix = f"{settings.redis_prefix}:"
+    return {
+        "broker_url": broker,
+        "result_backend": backend,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": "control",
+        "task_routes": {name: {"queue": q} for name, q in QUEUES.items()},
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout,
+            "global_keyprefix": prefix,
+            "unacked_restore_interval": 10,
+            "unacked_restore_throttle": 1,
+        },
+        "result_backend_transport_options": {"global_keyprefix": prefix},
+        "result_expires": 24 * 3600,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+        "beat_schedule": {
+            "chorus-sweep": {"task": "chorus.sweep", "schedule": settings.sweep_interval}
+        },
+    }
+
+
+def make_celery(settings: Settings, main: str = "chorus") -> Celery:
+    """A configured Celery app with no tasks: enough to send by name."""
+    app = Celery(main, set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app

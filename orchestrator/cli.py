@@ -1,0 +1,204 @@
+"""The ``chorus`` command line. Heavy imports (litellm, Celery) happen inside
+commands, so ``chorus --help`` stays fast."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from orchestrator.client import Job
+    from orchestrator.settings import Settings
+
+app = typer.Typer(help="Chorus: durable LLM agent runs on Celery.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+console = Console()
+
+#: The example ``chorus local`` runs when given no agent.
+EXAMPLE_MODULE = "examples.parallel_tools"
+EXAMPLE_AGENT = "trip-planner"
+EXAMPLE_INPUT = "Plan me three nights in Lisbon under 250 EUR for the flight, and book it."
+
+
+def _settings(**overrides: object) -> Settings:
+    from orchestrator.settings import load_settings
+
+    if os.getcwd() not in sys.path:  # modules named in CHORUS_MODULES, like celery -A
+        sys.path.insert(0, os.getcwd())
+    return load_settings(**overrides)
+
+
+def _default_pool(queues: list[str]) -> tuple[str, int]:
+    if "tools" in queues:
+        return "prefork", os.cpu_count() or 2
+    if "llm" in queues:
+        return "threads", 100
+    return "threads", 16
+
+
+@app.command()
+def worker(
+    queues: Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated.")] = "llm,control",
+    pool: Annotated[str | None, typer.Option("--pool", "-P", help="prefork|threads|gevent|solo")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c")] = None,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Node name.")] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+) -> None:
+    """Run a Celery worker for Chorus queues.
+
+    Defaults: the `llm` queue is I/O-bound, so a threads pool with 100 slots;
+    a worker that takes `tools` uses prefork with one process per core.
+    """
+    from workers.app import create_app
+
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    default_pool, default_concurrency = _default_pool(names)
+    argv = [
+        "worker",
+        "-Q", ",".join(names),
+        "-P", pool or default_pool,
+        "-c", str(concurrency or default_concurrency),
+        "-E",
+        "-l", loglevel,
+    ]
+    if name:
+        argv += ["-n", name]
+    create_app(_settings()).worker_main(argv)
+
+
+@app.command()
+def beat(loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO") -> None:
+    """Run Celery beat: the periodic sweeper that re-dispatches stalled turns."""
+    from workers.app import create_app
+
+    settings = _settings()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    schedule = str(settings.state_dir / "celerybeat-schedule")
+    create_app(settings).start(["beat", "-l", loglevel, "-s", schedule])
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Apply the migrations to CHORUS_DATABASE_URL (or the embedded SQLite file)."""
+    from orchestrator.store.migrate import upgrade
+
+    settings = _settings()
+    upgrade(settings.db_url, revision)
+    console.print(f"database at {_where(settings.db_url)} is at {revision}")
+
+
+def _where(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _follow(job: Job) -> None:
+    from schemas import EventName
+
+    streaming = False
+    for event in job.events():
+        if event.name is EventName.ASSISTANT_DELTA:
+            console.print(event.data.get("text", ""), end="", style="dim", highlight=False)
+            streaming = True
+            continue
+        if streaming:
+            console.print()
+            streaming = False
+        detail = {k: v for k, v in event.data.items() if k in ("tool", "status", "error", "seconds")}
+        console.print(
+            f"[cyan]{event.seq:>4}[/] {event.time:%H:%M:%S.%f}"[:-3]
+            + f" [bold]{event.name.value:<18}[/] step={event.step} {detail or ''}",
+            highlight=False,
+        )
+
+
+def _report(job: Job) -> None:
+    status = job.status()
+    colour = "green" if status.status.value == "completed" else "red"
+    console.print(f"\n[{colour}]{status.status.value}[/] job {job.id} after {status.step} steps")
+    if status.output:
+        console.print(f"[bold]answer:[/] {status.output}")
+    if status.error:
+        console.print(f"[red]error:[/] {status.error}")
+
+
+@app.command()
+def submit(
+    agent: str,
+    text: str,
+    follow: Annotated[bool, typer.Option("--follow/--no-follow", help="Stream events.")] = False,
+    conversation: Annotated[str | None, typer.Option("--conversation", help="Continue it.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+) -> None:
+    """Submit a job to the fleet; with --follow, stream its events and answer."""
+    from orchestrator.client import Client
+
+    client = Client(_settings())
+    job = client.submit(agent, text, conversation_id=conversation, idempotency_key=idempotency_key)
+    console.print(f"job {job.id} conversation {job.conversation_id}")
+    if follow:
+        _follow(job)
+        _report(job)
+
+
+@app.command()
+def status(job_id: str) -> None:
+    """Print a job's status, usage and answer."""
+    from orchestrator.client import Client
+
+    _report(Client(_settings()).job(job_id))
+
+
+@app.command()
+def events(
+    job_id: str,
+    since: Annotated[int, typer.Option(help="Resume after this sequence number.")] = 0,
+) -> None:
+    """Print a job's events (stored, then live until the turn ends)."""
+    from orchestrator.client import Client
+
+    job = Client(_settings()).job(job_id)
+    for event in job.events(since=since, deltas=False):
+        console.print_json(event.model_dump_json())
+
+
+@app.command()
+def local(
+    agent: Annotated[str, typer.Argument(help="A registered agent.")] = EXAMPLE_AGENT,
+    text: Annotated[str, typer.Argument(help="The input.")] = EXAMPLE_INPUT,
+    module: Annotated[
+        list[str] | None, typer.Option("--module", "-m", help="Module declaring agents/tools.")
+    ] = None,
+) -> None:
+    """Run one job on the embedded default: no Redis or Postgres needed.
+
+    Starts the bundled redis-server, a SQLite file and an in-process worker,
+    then runs the example trip-planning agent (or AGENT) and follows it.
+    """
+    from orchestrator.client import Client
+    from orchestrator.local import local_stack
+
+    settings = _settings()
+    modules = module or settings.modules or [EXAMPLE_MODULE]
+    settings = settings.model_copy(update={"modules": modules})
+    with local_stack(settings) as running:
+        console.print(f"[dim]redis: {running.redis_url} (embedded: {settings.embedded})[/]")
+        console.print(f"[dim]state: {_where(running.db_url)}[/]")
+        client = Client(running)
+        job = client.submit(agent, text)
+        console.print(f"job {job.id} conversation {job.conversation_id}")
+        _follow(job)
+        _report(job)
+        client.close()
+        console.print(f"[dim]inspect it: sqlite3 {running.db_url.removeprefix('sqlite:///')}[/]"
+                      if running.db_url.startswith("sqlite") else "")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,231 @@
+"""The Python client: submit jobs, follow their events, read results."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import ValidationError
+from sqlmodel import col, select
+
+from orchestrator import registry
+from orchestrator.celery_conf import make_celery
+from orchestrator.dispatch import dispatch
+from orchestrator.engine.history import load_history
+from orchestrator.engine.turns import TurnRef, start_turn
+from orchestrator.errors import ConversationNotFound, InvalidRequestError, JobFailedError
+from orchestrator.events import row_to_event
+from orchestrator.keys import events_stream
+from orchestrator.runtime import Runtime
+from orchestrator.settings import Settings, load_settings
+from orchestrator.store.tables import Conversation, EventRow, Turn
+from schemas import (
+    TERMINAL_TURN_EVENTS,
+    AgentSpec,
+    Event,
+    JobRequest,
+    JobStatus,
+    Message,
+    TurnStatus,
+    Usage,
+)
+
+
+def _invalid(exc: ValidationError) -> InvalidRequestError:
+    fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
+    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+    return InvalidRequestError(f"invalid job request: {detail}", fields)
+
+
+class Client:
+    """Talks to the fleet through Redis (tasks, live events) and Postgres (state).
+
+    Args:
+        settings: defaults to :func:`~orchestrator.settings.load_settings`.
+            ``settings.modules`` are imported so that the client knows which
+            agents and tools the workers registered.
+    """
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or load_settings()
+        registry.load_modules(self.settings.modules)
+        self.runtime = Runtime(self.settings)
+        self.celery = make_celery(self.settings, main="chorus-client")
+
+    def submit(
+        self,
+        agent: str | AgentSpec,
+        input: str,
+        *,
+        conversation_id: str | None = None,
+        context_data: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        """Start a turn: run ``agent`` on ``input``.
+
+        Continues ``conversation_id`` with its whole history when given. A
+        second submit with the same ``idempotency_key`` returns the first
+        job. Raises :class:`~orchestrator.errors.UnknownAgentError`,
+        :class:`~orchestrator.errors.UnknownToolError` or
+        :class:`~orchestrator.errors.InvalidRequestError` at once.
+        """
+        try:
+            request = JobRequest(
+                agent=agent,
+                input=input,
+                conversation_id=conversation_id,
+                context_data=context_data or {},
+                idempotency_key=idempotency_key,
+            )
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        if len(request.input) > self.settings.max_input_chars:
+            raise InvalidRequestError(
+                f"input: {len(request.input)} characters; the limit is "
+                f"{self.settings.max_input_chars} (CHORUS_MAX_INPUT_CHARS)",
+                ["input"],
+            )
+        ref, actions = start_turn(self.runtime, request)
+        dispatch(self.celery, actions)
+        return Job(self, ref)
+
+    def job(self, job_id: str) -> Job:
+        """A handle on an existing job."""
+        with self.runtime.session() as session:
+            turn = session.get(Turn, job_id)
+            if turn is None:
+                raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
+            return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id))
+
+    def history(self, conversation_id: str) -> list[Message]:
+        """Every stored message of the conversation, oldest first."""
+        with self.runtime.session() as session:
+            if session.get(Conversation, conversation_id) is None:
+                raise ConversationNotFound(conversation_id)
+            return load_history(session, conversation_id)
+
+    def close(self) -> None:
+        self.celery.close()
+
+
+class Job:
+    """One submitted turn: its status, live events and result."""
+
+    def __init__(self, client: Client, ref: TurnRef) -> None:
+        self._client = client
+        self.id = ref.job_id
+        self.conversation_id = ref.conversation_id
+        self.root_id = ref.root_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r}, conversation={self.conversation_id!r})"
+
+    def status(self) -> JobStatus:
+        with self._client.runtime.session() as session:
+            turn = session.get(Turn, self.id)
+            assert turn is not None
+            return JobStatus(
+                job_id=turn.id,
+                conversation_id=turn.conversation_id,
+                root_id=turn.root_id,
+                agent=turn.agent,
+                status=TurnStatus(turn.status),
+                step=turn.steps,
+                output=turn.output,
+                error=turn.error,
+                usage=Usage(
+                    input_tokens=turn.input_tokens,
+                    output_tokens=turn.output_tokens,
+                    cost_usd=turn.cost_usd,
+                ),
+            )
+
+    def result(self, timeout: float | None = None) -> str:
+        """Wait for the turn to end; return the final answer.
+
+        Raises :class:`TimeoutError` after ``timeout`` seconds and
+        :class:`~orchestrator.errors.JobFailedError` if the turn failed or
+        was cancelled.
+        """
+        status = self.status()
+        if not status.status.finished:
+            for _ in self.events(timeout=timeout, deltas=False):
+                pass
+            status = self.status()
+        if status.status is not TurnStatus.COMPLETED:
+            raise JobFailedError(self.id, status.status.value, status.error)
+        return status.output or ""
+
+    def events(
+        self, since: int | None = None, *, timeout: float | None = None, deltas: bool = True
+    ) -> Iterator[Event]:
+        """Yield the job's events in order, live, until its turn ends.
+
+        Stored events come from Postgres, then the root's Redis Stream feeds
+        new ones; any gap is filled from Postgres. ``since`` resumes after
+        that sequence number. ``assistant.delta`` events (live only) are
+        included unless ``deltas`` is False.
+        """
+        return _follow(self, since or 0, timeout, deltas)
+
+
+def _stored(job: Job, correlation_id: str, after: int) -> list[Event]:
+    with job._client.runtime.session() as session:
+        rows = session.exec(
+            select(EventRow)
+            .where(
+                EventRow.root_id == job.root_id,
+                EventRow.seq > after,
+                EventRow.correlation_id == correlation_id,
+            )
+            .order_by(col(EventRow.seq))
+        ).all()
+        return [row_to_event(r) for r in rows]
+
+
+def _is_end(job: Job, event: Event) -> bool:
+    return (
+        event.turn_id == job.id
+        and event.conversation_id == job.conversation_id
+        and event.name in TERMINAL_TURN_EVENTS
+    )
+
+
+def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterator[Event]:
+    """Postgres is read for every stored event, so order and completeness
+    never depend on Redis; the stream wakes the follower and carries deltas."""
+    rt = job._client.runtime
+    with rt.session() as session:
+        turn = session.get(Turn, job.id)
+        assert turn is not None
+        correlation_id = turn.correlation_id
+    deadline = None if timeout is None else time.monotonic() + timeout
+    stream = events_stream(rt.settings.redis_prefix, job.root_id)
+    tail = rt.redis.xrevrange(stream, count=1)
+    cursor = tail[0][0] if tail else "0-0"
+    stale = True
+    while True:
+        if stale:
+            for event in _stored(job, correlation_id, last):
+                last = event.seq or last
+                yield event
+                if _is_end(job, event):
+                    return
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError(f"job {job.id} did not finish within {timeout}s")
+        block = 1000 if remaining is None else max(1, int(min(1.0, remaining) * 1000))
+        reply = rt.redis.xread({stream: cursor}, count=500, block=block)
+        stale = not reply  # on a quiet second, look in Postgres anyway
+        for _key, entries in reply or []:
+            for entry_id, fields in entries:
+                cursor = entry_id
+                event = Event.model_validate_json(fields["e"])
+                if event.correlation_id != correlation_id:
+                    continue
+                if event.seq is None:
+                    if deltas:
+                        yield event
+                elif event.seq > last:
+                    stale = True

@@ -1,0 +1,56 @@
+"""Turn engine actions into Celery canvas, by task name (no task imports)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from celery import Celery, chain, chord, group
+
+from orchestrator.engine.actions import Action, RunSegment, RunStep
+
+
+def _short(value: str) -> str:
+    return value[:8]
+
+
+def dispatch(app: Celery, actions: Iterable[Action]) -> None:
+    """Send each action: a step, or a segment as a chain (one call) or a
+    chord over a group (several calls) ending in ``chorus.advance``."""
+    for action in actions:
+        if isinstance(action, RunStep):
+            app.signature(
+                "chorus.step",
+                args=(action.conversation_id, action.turn_id, action.step),
+                queue="llm",
+                argsrepr=f"conv={_short(action.conversation_id)} turn={_short(action.turn_id)} "
+                f"step={action.step}",
+            ).apply_async()
+        elif isinstance(action, RunSegment):
+            _send_segment(app, action)
+
+
+def _send_segment(app: Celery, seg: RunSegment) -> None:
+    where = f"conv={_short(seg.conversation_id)} step={seg.step}"
+    advance = app.signature(
+        "chorus.advance",
+        args=(seg.conversation_id, seg.turn_id, seg.step, seg.segment),
+        queue="control",
+        immutable=True,
+        argsrepr=f"{where} segment={seg.segment}",
+    )
+    tools = [
+        app.signature(
+            "chorus.tool",
+            args=(call.call_id,),
+            queue=call.queue,
+            immutable=True,
+            argsrepr=f"tool={call.tool} call={_short(call.call_id)} {where}",
+        )
+        for call in seg.calls
+    ]
+    if not tools:
+        advance.apply_async()
+    elif len(tools) == 1:
+        chain(tools[0], advance).apply_async()
+    else:
+        chord(group(tools), advance).apply_async()

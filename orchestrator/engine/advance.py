@@ -1,0 +1,59 @@
+"""``chorus.advance``: after a segment, move the cursor once (compare-and-set)."""
+
+from __future__ import annotations
+
+from sqlmodel import col, select
+
+from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
+from orchestrator.engine.cursor import is_current, move_cursor
+from orchestrator.engine.toolrun import FINISHED
+from orchestrator.runtime import Runtime
+from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
+from schemas import ToolResultBlock
+
+
+def advance(
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, segment: int
+) -> list[Action]:
+    """If every call of ``segment`` has its result, dispatch the next
+    segment, or store the step's tool results and call the model again.
+
+    Two copies racing here both read the same version; the update
+    ``WHERE version = :v`` lets exactly one through.
+    """
+    with rt.session() as session:
+        conv = session.get(Conversation, conversation_id)
+        if conv is None or not is_current(conv, turn_id, step, segment):
+            return []
+        calls = session.exec(
+            select(ToolCallRow)
+            .where(ToolCallRow.turn_id == turn_id, ToolCallRow.step == step)
+            .order_by(col(ToolCallRow.position))
+        ).all()
+        if any(c.status not in FINISHED for c in calls if c.segment == segment):
+            return []  # a part is still out; its own advance (or the sweeper) comes later
+        last = max(c.segment for c in calls)
+        if segment < last:
+            if not move_cursor(session, conv, cursor_segment=segment + 1):
+                return []
+            nxt = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.segment == segment + 1)
+            return [RunSegment(conversation_id, turn_id, step, segment + 1, nxt)]
+        if not move_cursor(session, conv, cursor_step=step + 1, cursor_segment=-1):
+            return []
+        blocks = [
+            ToolResultBlock(
+                tool_request_id=c.tool_request_id, tool=c.tool, result=c.result, is_error=c.is_error
+            ).model_dump(mode="json")
+            for c in calls
+        ]
+        session.add(
+            MessageRow(
+                conversation_id=conversation_id,
+                turn_id=turn_id,
+                step=step,
+                kind="tool_results",
+                role="user",
+                content=blocks,
+            )
+        )
+    return [RunStep(conversation_id, turn_id, step + 1)]

@@ -1,0 +1,87 @@
+"""The conversation cursor: compare-and-set moves and turn endings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import Session
+
+from orchestrator.events import Outbox
+from orchestrator.store.tables import Conversation, Turn, utcnow
+from schemas import ConversationState, EventName, TurnStatus
+
+
+def move_cursor(session: Session, conv: Conversation, **values: Any) -> bool:
+    """``UPDATE … WHERE version = :v``: True for exactly one of any racing copies."""
+    result = session.execute(
+        update(Conversation)
+        .where(Conversation.id == conv.id, Conversation.version == conv.version)  # type: ignore[arg-type]
+        .values(version=conv.version + 1, progress_at=utcnow(), **values)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+_END_EVENTS = {
+    TurnStatus.COMPLETED: EventName.TURN_COMPLETED,
+    TurnStatus.FAILED: EventName.TURN_FAILED,
+    TurnStatus.CANCELLED: EventName.TURN_CANCELLED,
+}
+
+
+def finish_turn(
+    session: Session,
+    outbox: Outbox,
+    conv: Conversation,
+    turn: Turn,
+    status: TurnStatus,
+    *,
+    output: str | None = None,
+    error: str | None = None,
+    **values: Any,
+) -> bool:
+    """End the turn and free the conversation; False if another copy moved first.
+
+    ``values`` are further conversation columns to set in the same update.
+    """
+    if not move_cursor(
+        session,
+        conv,
+        state=ConversationState.IDLE.value,
+        cursor_segment=-1,
+        lease_owner=None,
+        lease_until=None,
+        **values,
+    ):
+        return False
+    turn.status = status.value
+    turn.output = output
+    turn.error = error
+    turn.finished_at = utcnow()
+    session.add(turn)
+    data: dict[str, Any] = {"status": status.value}
+    if output is not None:
+        data["output"] = output
+    if error is not None:
+        data["error"] = error
+    outbox.record(
+        session,
+        _END_EVENTS[status],
+        conv,
+        turn_id=turn.id,
+        step=turn.steps,
+        correlation_id=turn.correlation_id,
+        **data,
+    )
+    return True
+
+
+def is_current(conv: Conversation | None, turn_id: str, step: int, segment: int) -> bool:
+    """Does the cursor still point here? A stale task leaves quietly."""
+    return (
+        conv is not None
+        and conv.state == ConversationState.RUNNING.value
+        and conv.turn_id == turn_id
+        and conv.cursor_step == step
+        and conv.cursor_segment == segment
+    )

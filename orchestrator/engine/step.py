@@ -1,0 +1,314 @@
+"""``chorus.step``: one model call, persisted with its tool calls in one transaction."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import timedelta
+
+from sqlalchemy import or_, update
+from sqlmodel import Session
+
+from orchestrator import context, registry
+from orchestrator.engine.actions import Action, RunSegment, ToolTask
+from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
+from orchestrator.engine.history import load_history
+from orchestrator.errors import ModelError, UnknownToolError
+from orchestrator.events import Outbox
+from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
+from orchestrator.runtime import Runtime
+from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, utcnow
+from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, TurnStatus
+from schemas.content import ContentBlock
+
+log = logging.getLogger(__name__)
+
+
+def new_lease_owner() -> str:
+    """Each execution is its own owner: a redelivered copy of the same task
+    (same task id) must not share the lease of the copy still running."""
+    return uuid.uuid4().hex
+
+
+def _take_lease(rt: Runtime, session: Session, conv: Conversation, owner: str) -> bool:
+    now = utcnow()
+    result = session.execute(
+        update(Conversation)
+        .where(
+            Conversation.id == conv.id,  # type: ignore[arg-type]
+            Conversation.version == conv.version,  # type: ignore[arg-type]
+            or_(
+                Conversation.lease_until.is_(None),  # type: ignore[union-attr]
+                Conversation.lease_until < now,  # type: ignore[operator]
+                Conversation.lease_owner == owner,  # type: ignore[arg-type]
+            ),
+        )
+        .values(lease_owner=owner, lease_until=now + timedelta(seconds=rt.settings.lease_seconds))
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def run_step(
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
+) -> list[Action]:
+    """Call the model for ``step`` unless another copy holds the lease or
+    the cursor has moved on; persist the reply and return what runs next."""
+    outbox = Outbox()
+    with rt.session() as session:
+        conv = session.get(Conversation, conversation_id)
+        if conv is None or not is_current(conv, turn_id, step, -1):
+            return []
+        if not _take_lease(rt, session, conv, owner):
+            log.info("step %s of %s: a live lease is held elsewhere; leaving", step, turn_id)
+            return []
+        turn = session.get(Turn, turn_id)
+        assert turn is not None
+        spec = AgentSpec.model_validate(conv.agent_spec)
+        if step >= spec.max_steps:
+            finish_turn(
+                session,
+                outbox,
+                conv,
+                turn,
+                TurnStatus.FAILED,
+                error=f"the agent used its {spec.max_steps} steps (max_steps) without a final answer",
+            )
+            session.commit()
+            rt.publish(outbox)
+            return []
+        history = context.apply(load_history(session, conv.id))
+        outbox.record(
+            session,
+            EventName.LLM_REQUESTED,
+            conv,
+            turn_id=turn_id,
+            step=step,
+            correlation_id=turn.correlation_id,
+            model=spec.model,
+        )
+        correlation_id = turn.correlation_id
+        root_id = conv.root_id
+    rt.publish(outbox)
+
+    tools = []
+    for name in spec.tools:
+        try:
+            tools.append(tool_to_openai(registry.get_tool(name).spec))
+        except UnknownToolError:
+            log.warning("agent %s names tool %s that this worker lacks", spec.name, name)
+    renew = _LeaseRenewer(rt, conversation_id, owner)
+
+    def on_delta(text: str) -> None:
+        renew.maybe()
+        rt.publish_live(
+            Event(
+                name=EventName.ASSISTANT_DELTA,
+                conversation_id=conversation_id,
+                root_id=root_id,
+                turn_id=turn_id,
+                step=step,
+                correlation_id=correlation_id,
+                time=utcnow(),
+                data={"text": text},
+            )
+        )
+
+    started = time.monotonic()
+    try:
+        reply = complete(
+            spec.model,
+            to_openai_messages(spec.system, history),
+            tools or None,
+            spec.model_settings,
+            on_delta=on_delta,
+        )
+    except ModelError as exc:
+        return _model_failed(rt, conversation_id, turn_id, step, owner, exc)
+    return _persist(rt, conversation_id, turn_id, step, owner, reply, time.monotonic() - started)
+
+
+class _LeaseRenewer:
+    """Extends the step's lease while the model streams."""
+
+    def __init__(self, rt: Runtime, conversation_id: str, owner: str) -> None:
+        self.rt, self.conversation_id, self.owner = rt, conversation_id, owner
+        self.last = time.monotonic()
+
+    def maybe(self) -> None:
+        if time.monotonic() - self.last < self.rt.settings.lease_seconds / 3:
+            return
+        self.last = time.monotonic()
+        with self.rt.session() as session:
+            session.execute(
+                update(Conversation)
+                .where(
+                    Conversation.id == self.conversation_id, Conversation.lease_owner == self.owner
+                )  # type: ignore[arg-type]
+                .values(lease_until=utcnow() + timedelta(seconds=self.rt.settings.lease_seconds))
+            )
+
+
+def _load_owned(
+    session: Session, conversation_id: str, turn_id: str, step: int, owner: str
+) -> tuple[Conversation, Turn] | None:
+    conv = session.get(Conversation, conversation_id)
+    if conv is None or not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
+        return None
+    turn = session.get(Turn, turn_id)
+    assert turn is not None
+    return conv, turn
+
+
+def _model_failed(
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str, exc: ModelError
+) -> list[Action]:
+    outbox = Outbox()
+    with rt.session() as session:
+        loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+        if loaded is None:
+            return []
+        conv, turn = loaded
+        outbox.record(
+            session,
+            EventName.LLM_FAILED,
+            conv,
+            turn_id=turn_id,
+            step=step,
+            correlation_id=turn.correlation_id,
+            error=str(exc),
+            status=exc.status,
+            body=exc.body,
+        )
+        finish_turn(
+            session, outbox, conv, turn, TurnStatus.FAILED, error=f"model call failed: {exc}"
+        )
+    rt.publish(outbox)
+    return []
+
+
+def _segments(reply: ModelReply) -> list[tuple[int, bool, str]]:
+    """(segment, parallelizable, queue) per call: a maximal run of
+    parallelizable calls shares a segment; each other call is its own."""
+    out: list[tuple[int, bool, str]] = []
+    segment, prev_parallel = -1, False
+    for call in reply.tool_calls:
+        try:
+            spec = registry.get_tool(call.tool).spec
+            parallel, queue = spec.parallelizable, spec.queue
+        except UnknownToolError:
+            parallel, queue = True, "tools"  # answered with an error result
+        if not (parallel and prev_parallel):
+            segment += 1
+        prev_parallel = parallel
+        out.append((segment, parallel, queue))
+    return out
+
+
+def _persist(
+    rt: Runtime,
+    conversation_id: str,
+    turn_id: str,
+    step: int,
+    owner: str,
+    reply: ModelReply,
+    seconds: float,
+) -> list[Action]:
+    outbox = Outbox()
+    with rt.session() as session:
+        loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+        if loaded is None:
+            return []
+        conv, turn = loaded
+        content: list[ContentBlock] = []
+        if reply.thinking:
+            content.append(ThinkingBlock(thinking=reply.thinking))
+        if reply.text:
+            content.append(TextBlock(text=reply.text))
+        content.extend(reply.tool_calls)
+        usage = reply.usage
+        has_calls = bool(reply.tool_calls)
+        values = {
+            "input_tokens": conv.input_tokens + usage.input_tokens,
+            "output_tokens": conv.output_tokens + usage.output_tokens,
+            "cost_usd": conv.cost_usd + usage.cost_usd,
+        }
+        if has_calls and not move_cursor(
+            session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **values
+        ):
+            return []
+        session.add(
+            MessageRow(
+                conversation_id=conv.id,
+                turn_id=turn_id,
+                step=step,
+                kind="assistant",
+                role="assistant",
+                content=[b.model_dump(mode="json") for b in content],
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost_usd=usage.cost_usd,
+            )
+        )
+        turn.steps = step + 1
+        turn.input_tokens += usage.input_tokens
+        turn.output_tokens += usage.output_tokens
+        turn.cost_usd += usage.cost_usd
+        meta = {"turn_id": turn_id, "step": step, "correlation_id": turn.correlation_id}
+        outbox.record(session, EventName.LLM_COMPLETED, conv, seconds=round(seconds, 4), **meta)
+        outbox.record(
+            session,
+            EventName.USAGE,
+            conv,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_usd=usage.cost_usd,
+            **meta,
+        )
+        outbox.record(
+            session,
+            EventName.ASSISTANT_MESSAGE,
+            conv,
+            text=reply.text,
+            tool_calls=len(reply.tool_calls),
+            **meta,
+        )
+        tasks: list[ToolTask] = []
+        for position, (call, (segment, parallel, queue)) in enumerate(
+            zip(reply.tool_calls, _segments(reply), strict=True)
+        ):
+            row = ToolCallRow(
+                conversation_id=conv.id,
+                turn_id=turn_id,
+                step=step,
+                position=position,
+                segment=segment,
+                tool_request_id=call.tool_request_id,
+                tool=call.tool,
+                params=call.params,
+                parallelizable=parallel,
+                queue=queue,
+            )
+            session.add(row)
+            outbox.record(
+                session,
+                EventName.TOOL_REQUESTED,
+                conv,
+                tool=call.tool,
+                tool_request_id=call.tool_request_id,
+                params=call.params,
+                segment=segment,
+                **meta,
+            )
+            if segment == 0:
+                tasks.append(ToolTask(row.id, call.tool, queue))
+        if not has_calls and not finish_turn(
+            session, outbox, conv, turn, TurnStatus.COMPLETED, output=reply.text, **values
+        ):
+            session.rollback()
+            return []
+        session.add(turn)
+    rt.publish(outbox)
+    if not has_calls:
+        return []
+    return [RunSegment(conversation_id, turn_id, step, 0, tuple(tasks))]

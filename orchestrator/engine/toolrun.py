@@ -1,0 +1,114 @@
+"""``chorus.tool``: run one tool call and record its result exactly once."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import col
+
+from orchestrator import registry
+from orchestrator.errors import ChorusError, InvalidRequestError
+from orchestrator.events import Outbox
+from orchestrator.runtime import Runtime
+from orchestrator.store.tables import Conversation, ToolCallRow, Turn, utcnow
+from orchestrator.tools import ToolContext
+from schemas import EventName, TurnStatus
+
+log = logging.getLogger(__name__)
+
+FINISHED = ("completed", "failed", "cancelled")
+
+#: Key the LLM adapter uses for arguments that were not a JSON object.
+INVALID_ARGUMENTS = "__invalid_arguments__"
+
+
+def _execute(call: ToolCallRow, ctx: ToolContext) -> tuple[Any, bool]:
+    """(result, is_error). Every failure becomes an error result the model sees."""
+    try:
+        if INVALID_ARGUMENTS in call.params:
+            raise InvalidRequestError(
+                f"invalid arguments for tool {call.tool!r}: not a JSON object: "
+                f"{str(call.params[INVALID_ARGUMENTS])[:500]}",
+                ["arguments"],
+            )
+        return registry.get_tool(call.tool).invoke(call.params, ctx), False
+    except ChorusError as exc:
+        return f"Error: {exc}", True
+    except Exception as exc:  # a bug in validation itself must not kill the worker
+        log.exception("tool %s failed unexpectedly", call.tool)
+        return f"Error: {type(exc).__name__}: {exc}", True
+
+
+def _cap(result: Any, limit: int) -> Any:
+    text = result if isinstance(result, str) else json.dumps(result)
+    if len(text) <= limit:
+        return result
+    return text[:limit] + f"… [truncated {len(text) - limit} characters]"
+
+
+def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
+    """Run the call unless it already has a result (a redelivered copy) or
+    its turn has ended. The first result written wins; later copies' are
+    dropped, so each call has exactly one result."""
+    outbox = Outbox()
+    with rt.session() as session:
+        call = session.get(ToolCallRow, call_id)
+        if call is None or call.status in FINISHED:
+            return
+        turn = session.get(Turn, call.turn_id)
+        conv = session.get(Conversation, call.conversation_id)
+        if turn is None or conv is None or turn.status != TurnStatus.RUNNING.value:
+            return
+        call.status = "running"
+        call.attempts += 1
+        call.started_at = utcnow()
+        call.task_id = task_id
+        session.add(call)
+        meta = {"turn_id": turn.id, "step": call.step, "correlation_id": turn.correlation_id}
+        outbox.record(
+            session,
+            EventName.TOOL_STARTED,
+            conv,
+            tool=call.tool,
+            tool_request_id=call.tool_request_id,
+            attempt=call.attempts,
+            **meta,
+        )
+        ctx = ToolContext(
+            conversation_id=conv.id,
+            root_id=conv.root_id,
+            turn_id=turn.id,
+            tool_request_id=call.tool_request_id,
+            context_data=dict(turn.context_data),
+        )
+    rt.publish(outbox)
+
+    result, is_error = _execute(call, ctx)
+    result = _cap(result, rt.settings.max_tool_result_chars)
+
+    with rt.session() as session:
+        written = session.execute(
+            update(ToolCallRow)
+            .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(FINISHED))
+            .values(
+                status="failed" if is_error else "completed",
+                result=result,
+                is_error=is_error,
+                finished_at=utcnow(),
+            )
+        )
+        if written.rowcount != 1:  # type: ignore[attr-defined]
+            return
+        outbox.record(
+            session,
+            EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
+            conv,
+            tool=call.tool,
+            tool_request_id=call.tool_request_id,
+            result=result,
+            **meta,
+        )
+    rt.publish(outbox)

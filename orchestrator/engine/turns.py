@@ -1,0 +1,139 @@
+"""Starting a turn: validate, store the input, point the cursor at step 0."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from orchestrator import registry
+from orchestrator.engine.actions import Action, RunStep
+from orchestrator.engine.cursor import move_cursor
+from orchestrator.errors import ConversationBusyError, ConversationNotFound, InvalidRequestError
+from orchestrator.events import Outbox
+from orchestrator.runtime import Runtime
+from orchestrator.store.tables import Conversation, MessageRow, Turn
+from schemas import AgentSpec, ConversationState, EventName, JobRequest, TextBlock
+from schemas.jobs import MAX_CONTEXT_BYTES
+
+
+@dataclass(frozen=True)
+class TurnRef:
+    """Identity of a started (or found) turn: the job's handle."""
+
+    job_id: str
+    conversation_id: str
+    root_id: str
+
+
+def resolve_agent(agent: str | AgentSpec) -> AgentSpec:
+    """The registered agent of that name, or an inline spec whose tools exist."""
+    if isinstance(agent, str):
+        return registry.get_agent(agent)
+    registry.check_agent(agent)
+    return agent
+
+
+def _check_context(request: JobRequest) -> None:
+    size = len(json.dumps(request.context_data))
+    if size > MAX_CONTEXT_BYTES:
+        raise InvalidRequestError(
+            f"context_data is {size} bytes of JSON; the limit is {MAX_CONTEXT_BYTES}",
+            ["context_data"],
+        )
+
+
+def _existing(session: Session, key: str | None) -> TurnRef | None:
+    if key is None:
+        return None
+    turn = session.exec(select(Turn).where(Turn.idempotency_key == key)).first()
+    return TurnRef(turn.id, turn.conversation_id, turn.root_id) if turn else None
+
+
+def start_turn(rt: Runtime, request: JobRequest) -> tuple[TurnRef, list[Action]]:
+    """Store the user's input as a new turn and return the step to run.
+
+    Submitting again with the same idempotency key returns the first turn
+    and starts nothing.
+    """
+    spec = resolve_agent(request.agent)
+    _check_context(request)
+    outbox = Outbox()
+    try:
+        with rt.session() as session:
+            found = _existing(session, request.idempotency_key)
+            if found:
+                return found, []
+            conv = _claim_conversation(session, request.conversation_id, spec)
+            turn = Turn(
+                conversation_id=conv.id,
+                root_id=conv.root_id,
+                number=conv.turns,
+                agent=spec.name,
+                input_text=request.input,
+                context_data=request.context_data,
+                idempotency_key=request.idempotency_key,
+            )
+            session.add(turn)
+            session.add(
+                MessageRow(
+                    conversation_id=conv.id,
+                    turn_id=turn.id,
+                    step=0,
+                    kind="input",
+                    role="user",
+                    content=[TextBlock(text=request.input).model_dump()],
+                )
+            )
+            if not move_cursor(
+                session,
+                conv,
+                state=ConversationState.RUNNING.value,
+                turn_id=turn.id,
+                cursor_step=0,
+                cursor_segment=-1,
+                turns=conv.turns + 1,
+                agent=spec.name,
+                agent_spec=spec.model_dump(mode="json"),
+            ):
+                raise ConversationBusyError(conv.id)
+            outbox.record(
+                session,
+                EventName.TURN_STARTED,
+                conv,
+                turn_id=turn.id,
+                step=0,
+                correlation_id=turn.correlation_id,
+                agent=spec.name,
+                input=request.input,
+            )
+    except IntegrityError:
+        # Lost a race on the idempotency key: the winner's turn is the job.
+        with rt.session() as session:
+            found = _existing(session, request.idempotency_key)
+        if found is None:
+            raise
+        return found, []
+    rt.publish(outbox)
+    ref = TurnRef(turn.id, conv.id, conv.root_id)
+    return ref, [RunStep(conv.id, turn.id, 0)]
+
+
+def _claim_conversation(
+    session: Session, conversation_id: str | None, spec: AgentSpec
+) -> Conversation:
+    if conversation_id is None:
+        conv = Conversation(agent=spec.name, root_id="")
+        conv.root_id = conv.id
+        conv.agent_spec = spec.model_dump(mode="json")
+        session.add(conv)
+        session.flush()
+        return conv
+    conv = session.get(Conversation, conversation_id)
+    if conv is None:
+        raise ConversationNotFound(conversation_id)
+    if conv.state != ConversationState.IDLE.value:
+        raise ConversationBusyError(conversation_id)
+    return conv

@@ -1,0 +1,1 @@
+"""The LLM adapter: the one place Chorus talks to litellm, plus a scripted model."""

@@ -1,0 +1,422 @@
+"""The one place Chorus calls litellm.
+
+``import litellm`` costs ~5 s and ~160 MB, so it happens lazily inside
+:func:`complete`, never at module import (``chorus --help`` stays fast).
+Before that import ``LITELLM_LOCAL_MODEL_COST_MAP`` defaults to ``True`` so
+litellm does not fetch its cost map from the internet.
+
+Every call streams (``stream=True``) with ``stream_options={"include_usage":
+True}``: litellm never rejects ``stream_options`` for any provider (it is in
+``litellm.utils.PROVIDER_UNVALIDATED_PARAMS``) and its stream wrapper uses it
+to emit a final usage chunk for every provider. ``max_retries`` defaults to
+0 so that retries are Chorus's decision, not the provider SDK's hidden
+backoff. Both can be overridden through ``model_settings``.
+
+Whether the model wants tools is decided on the presence of tool calls,
+never on ``finish_reason`` (litellm's mock tool calls report ``stop``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import ModelError
+from schemas.content import (
+    Message,
+    Role,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    Usage,
+)
+from schemas.specs import ToolSpec
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+#: Key of ``ToolCallBlock.params`` when the model's arguments were not a JSON object.
+INVALID_ARGUMENTS_KEY = "__invalid_arguments__"
+
+#: Statuses worth retrying: timeout, conflict, rate limit, and every 5xx.
+_RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
+_END = object()
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    """What one model call produced.
+
+    Attributes:
+        text: The assistant text.
+        tool_calls: Requested tool calls in order. ``params`` holds the parsed
+            JSON arguments; arguments that are not a JSON object come as
+            ``{"__invalid_arguments__": "<raw string>"}``.
+        usage: Tokens and cost (``cost_usd`` is 0.0 when litellm cannot price
+            the model).
+        thinking: Reasoning text if the provider streamed it.
+        finish_reason: The provider's finish reason ("" if none was sent).
+            Informational: decide on ``tool_calls``, not on this.
+        stopped: True if ``should_stop`` ended the stream early; then
+            ``tool_calls`` is empty (partial calls are dropped) and ``text``
+            is what arrived before the stop.
+    """
+
+    text: str
+    tool_calls: list[ToolCallBlock]
+    usage: Usage
+    thinking: str = ""
+    finish_reason: str = ""
+    stopped: bool = False
+
+
+def _litellm() -> ModuleType:
+    """Import litellm lazily, without the cost-map fetch and the stdout chatter."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+def complete(
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    model_settings: dict[str, Any],
+    on_delta: Callable[[str], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> ModelReply:
+    """Call the model once, streaming, and collect its reply.
+
+    Args:
+        model: A litellm model string (``openai/gpt-4o``, ``scripted/demo``...).
+        messages: OpenAI-format chat messages (see :func:`to_openai_messages`).
+        tools: OpenAI-format tool definitions (see :func:`tool_to_openai`), or
+            None/empty for no tools.
+        model_settings: Extra litellm arguments (``temperature``,
+            ``api_base``...). They override Chorus's defaults.
+        on_delta: Called with each piece of assistant text as it streams.
+            Exceptions it raises propagate unchanged.
+        should_stop: Polled before each chunk; when it returns True the stream
+            is closed and the partial reply returned with ``stopped=True``.
+
+    Returns:
+        The reply: text, tool calls, usage, thinking.
+
+    Raises:
+        ModelError: The provider or litellm failed (``status`` and ``body``
+            kept when there were any).
+    """
+    litellm = _litellm()
+    from orchestrator.llm import scripted
+
+    scripted.install()
+    kwargs: dict[str, Any] = {
+        "stream_options": {"include_usage": True},
+        "max_retries": 0,
+        **model_settings,
+        "model": model,
+        "messages": messages,
+        "stream": True,
+    }
+    if tools:
+        kwargs["tools"] = tools
+    with _translating():
+        stream = litellm.completion(**kwargs)
+    collector = _Collector()
+    chunks: Iterator[Any] = iter(stream)
+    while True:
+        if should_stop is not None and should_stop():
+            _close(stream)
+            return collector.reply(litellm, model, stopped=True)
+        with _translating():
+            chunk = next(chunks, _END)
+        if chunk is _END:
+            break
+        piece = collector.add(chunk)
+        if piece and on_delta is not None:
+            on_delta(piece)
+    return collector.reply(litellm, model)
+
+
+@dataclass
+class _PendingCall:
+    id: str
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class _Collector:
+    """Accumulates streamed chunks (OpenAI streaming semantics)."""
+
+    text: list[str] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)
+    calls: list[_PendingCall] = field(default_factory=list)
+    by_index: dict[int, int] = field(default_factory=dict)
+    usage: Any = None
+    finish_reason: str = ""
+
+    def add(self, chunk: Any) -> str:
+        """Take one chunk; return its text piece ("" if none)."""
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
+        if not chunk.choices:
+            return ""
+        choice = chunk.choices[0]
+        if choice.finish_reason:
+            self.finish_reason = str(choice.finish_reason)
+        delta = choice.delta
+        if delta is None:
+            return ""
+        reasoning = getattr(delta, "reasoning_content", None)
+        if reasoning:
+            self.thinking.append(reasoning)
+        for tool_call in delta.tool_calls or []:
+            self._add_tool_call(tool_call)
+        piece = delta.content or ""
+        if piece:
+            self.text.append(piece)
+        return piece
+
+    def _add_tool_call(self, delta: Any) -> None:
+        # OpenAI sends id and name once, then argument pieces under the same
+        # index. Some providers send several complete calls all at index 0
+        # with distinct ids: a new id at a known index starts a new call.
+        index = delta.index if delta.index is not None else len(self.calls)
+        position = self.by_index.get(index)
+        new_id = getattr(delta, "id", None)
+        if position is None or (new_id and new_id != self.calls[position].id):
+            self.calls.append(_PendingCall(id=new_id or f"call_{uuid.uuid4().hex}"))
+            position = self.by_index[index] = len(self.calls) - 1
+        pending = self.calls[position]
+        function = delta.function
+        if function is not None:
+            if function.name:
+                pending.name = function.name
+            if function.arguments:
+                pending.arguments += function.arguments
+
+    def reply(self, litellm: ModuleType, model: str, stopped: bool = False) -> ModelReply:
+        """The collected reply (partial tool calls dropped when stopped)."""
+        calls = [] if stopped else [_to_block(c) for c in self.calls]
+        return ModelReply(
+            text="".join(self.text),
+            tool_calls=calls,
+            usage=_usage(litellm, model, self.usage),
+            thinking="".join(self.thinking),
+            finish_reason=self.finish_reason,
+            stopped=stopped,
+        )
+
+
+def _to_block(pending: _PendingCall) -> ToolCallBlock:
+    return ToolCallBlock(
+        tool_request_id=pending.id, tool=pending.name, params=parse_arguments(pending.arguments)
+    )
+
+
+def parse_arguments(arguments: str) -> dict[str, Any]:
+    """Parse tool-call arguments; a non-object becomes ``{"__invalid_arguments__": raw}``.
+
+    An empty string means no arguments (``{}``), as some providers send it.
+    """
+    if not arguments.strip():
+        return {}
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {INVALID_ARGUMENTS_KEY: arguments}
+    return value if isinstance(value, dict) else {INVALID_ARGUMENTS_KEY: arguments}
+
+
+def _usage(litellm: ModuleType, model: str, usage: Any) -> Usage:
+    if usage is None:
+        return Usage()
+    input_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+    output_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost_usd=_cost(litellm, model, usage),
+    )
+
+
+def _cost(litellm: ModuleType, model: str, usage: Any) -> float:
+    """Price the call with litellm's cost map; 0.0 when it cannot."""
+    try:
+        response = litellm.ModelResponse(model=model, usage=usage)
+        return float(litellm.completion_cost(completion_response=response, model=model))
+    except Exception:
+        return 0.0
+
+
+def _close(stream: Any) -> None:
+    """Best-effort close of an abandoned stream (releases the HTTP connection)."""
+    for target in (getattr(stream, "completion_stream", None), stream):
+        close = getattr(target, "close", None)
+        if callable(close):
+            with suppress(Exception):
+                close()
+            return
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether a litellm failure is worth retrying (rate limit, timeout, connection, 5xx)."""
+    import openai
+
+    if _transport_failure(exc) or isinstance(exc, openai.RateLimitError):
+        return True
+    status = getattr(exc, "status_code", None)
+    return isinstance(status, int) and (status in _RETRYABLE_STATUSES or status >= 500)
+
+
+def _transport_failure(exc: BaseException) -> bool:
+    """True if no HTTP response was received (connection refused/reset, timeout).
+
+    litellm reports some of these with a made-up status: the openai provider
+    turns a refused connection into ``InternalServerError`` (500), Anthropic
+    too, ``Timeout`` says 408. The cause chain still holds the transport error.
+    """
+    import httpx
+    import openai
+
+    transport = (openai.APIConnectionError, httpx.TransportError, ConnectionError, TimeoutError)
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, transport):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@contextmanager
+def _translating() -> Iterator[None]:
+    """Re-raise litellm/openai/httpx errors as :class:`ModelError`; others unchanged.
+
+    Others (a Celery soft time limit, a bug) must not pass for a model failure.
+    """
+    try:
+        yield
+    except Exception as exc:
+        if not _from_llm_stack(exc):
+            raise
+        raise _translate(exc) from exc
+
+
+def _from_llm_stack(exc: BaseException) -> bool:
+    module = type(exc).__module__
+    return module.split(".", 1)[0] in {"litellm", "openai", "httpx"}
+
+
+def _translate(exc: BaseException) -> ModelError:
+    """Turn a litellm (or openai/httpx) exception into a :class:`ModelError`.
+
+    ``status`` is the provider's HTTP status when there was a response; it is
+    None for connection errors and timeouts (litellm fakes 500/408 there, see
+    :func:`_transport_failure`).
+    ``body`` is the response body when available, else the message.
+    """
+    status = getattr(exc, "status_code", None)
+    if _transport_failure(exc) or not isinstance(status, int):
+        status = None
+    message = str(exc) or type(exc).__name__
+    if type(exc).__name__ not in message:
+        message = f"{type(exc).__name__}: {message}"
+    return ModelError(message, status=status, body=_body(exc, message))
+
+
+def _body(exc: BaseException, fallback: str) -> str:
+    response = getattr(exc, "response", None)
+    try:
+        text = response.text if response is not None else ""
+    except Exception:  # streamed or unread response
+        text = ""
+    if text:
+        return str(text)
+    body = getattr(exc, "body", None)
+    if body is not None:
+        return body if isinstance(body, str) else json.dumps(body, default=str)
+    return fallback
+
+
+# --- conversion from the content model ------------------------------------
+
+
+def tool_to_openai(spec: ToolSpec) -> dict[str, Any]:
+    """A tool spec as an OpenAI ``tools=`` entry."""
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        },
+    }
+
+
+def to_openai_messages(system: str, messages: list[Message]) -> list[dict[str, Any]]:
+    """Convert Chorus messages to OpenAI chat messages.
+
+    - ``system`` (if not empty) becomes the first, ``system`` message.
+    - Assistant messages carry their text (joined) and ``tool_calls`` with
+      JSON-dumped arguments; content is None when there is no text but
+      there are tool calls (litellm then drops the key). Params holding
+      ``__invalid_arguments__`` go back as that JSON object, not the raw
+      string, so providers that parse past arguments accept the history.
+    - ``tool_result`` blocks become ``tool`` messages (``tool_call_id``, the
+      tool's ``name`` as OpenAI's examples and some litellm providers use it,
+      content = the result, JSON-dumped unless it is a string). In a user
+      message they come before the user's text, as OpenAI requires tool
+      messages right after the assistant message that called them.
+    - User text blocks become the user message content (joined by blank lines).
+    - ``thinking`` and ``raw`` blocks are skipped; a user message with
+      nothing left is dropped.
+    """
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for message in messages:
+        texts = [b.text for b in message.content if isinstance(b, TextBlock)]
+        results = [_tool_message(b) for b in message.content if isinstance(b, ToolResultBlock)]
+        if message.role == Role.ASSISTANT:
+            out.append(_assistant_message(texts, message.tool_calls))
+            out.extend(results)
+        else:
+            out.extend(results)
+            if texts:
+                out.append({"role": "user", "content": "\n\n".join(texts)})
+    return out
+
+
+def _assistant_message(texts: list[str], calls: list[ToolCallBlock]) -> dict[str, Any]:
+    text = "".join(texts)
+    entry: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    if calls:
+        entry["tool_calls"] = [
+            {
+                "id": c.tool_request_id,
+                "type": "function",
+                "function": {"name": c.tool, "arguments": json.dumps(c.params, default=str)},
+            }
+            for c in calls
+        ]
+    return entry
+
+
+def _tool_message(block: ToolResultBlock) -> dict[str, Any]:
+    result = block.result
+    content = result if isinstance(result, str) else json.dumps(result, default=str)
+    return {
+        "role": "tool",
+        "tool_call_id": block.tool_request_id,
+        "name": block.tool,
+        "content": content,
+    }

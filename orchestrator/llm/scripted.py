@@ -1,0 +1,339 @@
+"""A deterministic scripted model, reached through litellm's real code path.
+
+The model is a litellm custom provider named ``scripted``. A *script* is a
+list of replies registered under a name; ``litellm.completion(model=
+"scripted/<name>", ...)`` answers with the reply whose index is the number
+of assistant messages already in the conversation it receives. So the first
+call of a turn gets reply 0, the call after one tool round gets reply 1, and
+so on, whatever process makes the call, as long as that process registered
+the same script (register scripts at import time of a module the workers
+load, e.g. one listed in ``CHORUS_MODULES``).
+
+Example::
+
+    register_script("weather", [
+        Reply.call(call("get_weather", city="Paris")),
+        lambda messages: Reply.say(f"The tool said: {messages[-1]['content']}"),
+    ])
+    litellm.completion(model=scripted_model("weather"), messages=..., stream=True)
+
+Streaming sends the text in word-sized pieces and each tool call in two
+pieces (id and name with the first half of the arguments, then the rest), so
+consumers exercise the same accumulation as with a real provider. Usage is a
+rough word count: prompt words in, reply words out, unless the reply sets it.
+
+Tool calls are emitted even when the tool is not in ``tools=`` and their
+arguments may be any raw string (``ScriptedToolCall(tool, "{not json")``):
+tests use both to simulate a misbehaving model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import litellm
+from litellm.llms.custom_llm import CustomLLM, CustomLLMError
+from litellm.types.utils import (
+    ChatCompletionMessageToolCall,
+    Choices,
+    Function,
+    GenericStreamingChunk,
+    ModelResponse,
+    Usage,
+)
+from litellm.types.utils import Message as LiteLLMMessage
+
+#: The litellm provider name: models are ``scripted/<script name>``.
+PROVIDER = "scripted"
+
+
+@dataclass(frozen=True)
+class ScriptedToolCall:
+    """One tool call the scripted model makes.
+
+    Attributes:
+        tool: Tool name; need not be one of the tools offered to the model.
+        params: Arguments. A dict is sent as JSON; a string is sent verbatim,
+            which lets a test send arguments that are not valid JSON.
+        id: Tool call id; a unique ``call_<uuid hex>`` is generated when None.
+    """
+
+    tool: str
+    params: dict[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+    def arguments(self) -> str:
+        """The arguments as the string the model sends."""
+        return self.params if isinstance(self.params, str) else json.dumps(self.params)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted model answer: text, tool calls and optionally its usage.
+
+    Attributes:
+        text: Assistant text (may be empty when there are tool calls).
+        tool_calls: Tool calls, in order.
+        input_tokens: Reported prompt tokens; a word count of the prompt if None.
+        output_tokens: Reported completion tokens; a word count of the reply if None.
+    """
+
+    text: str = ""
+    tool_calls: list[ScriptedToolCall] = field(default_factory=list)
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    @classmethod
+    def say(cls, text: str) -> Reply:
+        """A reply with text only (the model ends its turn)."""
+        return cls(text=text)
+
+    @classmethod
+    def call(cls, *calls: ScriptedToolCall, text: str = "") -> Reply:
+        """A reply that calls tools, with optional text before the calls."""
+        return cls(text=text, tool_calls=list(calls))
+
+
+def call(tool: str, /, **params: Any) -> ScriptedToolCall:
+    """Shorthand for a tool call: ``call("search", query="x")``."""
+    return ScriptedToolCall(tool=tool, params=params)
+
+
+#: A script item: a fixed reply or a function of the received messages.
+ScriptItem: TypeAlias = Reply | Callable[[list[dict[str, Any]]], Reply]
+
+_scripts: dict[str, tuple[ScriptItem, ...]] = {}
+_lock = threading.Lock()
+
+
+def register_script(name: str, replies: Sequence[ScriptItem]) -> None:
+    """Register (or replace) the script ``name`` in this process.
+
+    Args:
+        name: Script name; the model string is ``scripted/<name>``.
+        replies: Replies in conversation order. A callable item receives the
+            OpenAI-format messages litellm passed to the provider and returns
+            the reply, so it can quote tool results.
+
+    Raises:
+        ValueError: If the name is empty or has surrounding whitespace.
+    """
+    if not name or name != name.strip():
+        raise ValueError(f"invalid script name {name!r}")
+    with _lock:
+        _scripts[name] = tuple(replies)
+
+
+def unregister_script(name: str) -> None:
+    """Forget the script ``name`` (no error if it is not registered)."""
+    with _lock:
+        _scripts.pop(name, None)
+
+
+def scripted_model(name: str) -> str:
+    """The litellm model string of the script ``name``: ``scripted/<name>``."""
+    return f"{PROVIDER}/{name}"
+
+
+class ScriptError(CustomLLMError):
+    """The script cannot answer (unknown, exhausted, or a reply function failed).
+
+    Status 400: litellm surfaces it as ``BadRequestError``, which is not
+    retryable, because asking again would fail the same way.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(status_code=400, message=message)
+
+
+def _select(model: str, messages: list[dict[str, Any]]) -> Reply:
+    """Pick the reply for this conversation (index = assistant messages so far)."""
+    with _lock:
+        script = _scripts.get(model)
+        known = sorted(_scripts)
+    if script is None:
+        raise ScriptError(f"no script named {model!r} is registered; registered: {known}")
+    index = sum(1 for m in messages if m.get("role") == "assistant")
+    if index >= len(script):
+        raise ScriptError(
+            f"script {model!r} is exhausted: it has {len(script)} replies and the "
+            f"conversation already holds {index} assistant messages"
+        )
+    item = script[index]
+    if isinstance(item, Reply):
+        return item
+    try:
+        reply = item(messages)
+    except CustomLLMError:
+        raise
+    except Exception as exc:
+        raise ScriptError(f"reply #{index} of script {model!r} raised {exc!r}") from exc
+    if not isinstance(reply, Reply):
+        raise ScriptError(f"reply #{index} of script {model!r} returned {reply!r}, not a Reply")
+    return reply
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _content_words(content: Any) -> int:
+    if isinstance(content, str):
+        return _words(content)
+    if isinstance(content, list):
+        return sum(_words(str(p.get("text", ""))) for p in content if isinstance(p, dict))
+    return 0
+
+
+def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    total = 0
+    for message in messages:
+        total += _content_words(message.get("content"))
+        for tool_call in message.get("tool_calls") or []:
+            function = tool_call.get("function") or {}
+            total += 1 + _words(str(function.get("arguments") or ""))
+    return total
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A reply resolved for one call: ids assigned, usage counted."""
+
+    text: str
+    calls: list[tuple[str, str, str]]  # (id, name, arguments)
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.calls else "stop"
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
+
+
+def _answer(model: str, messages: list[dict[str, Any]]) -> _Answer:
+    reply = _select(model, messages)
+    calls = [(c.id or f"call_{uuid.uuid4().hex}", c.tool, c.arguments()) for c in reply.tool_calls]
+    produced = _words(reply.text) + sum(1 + _words(args) for _, _, args in calls)
+    return _Answer(
+        text=reply.text,
+        calls=calls,
+        prompt_tokens=(
+            reply.input_tokens if reply.input_tokens is not None else _prompt_tokens(messages)
+        ),
+        completion_tokens=reply.output_tokens if reply.output_tokens is not None else produced,
+    )
+
+
+def _text_pieces(text: str) -> list[str]:
+    """Split text into word pieces that keep their trailing whitespace."""
+    return [p for p in re.split(r"(?<=\s)(?=\S)", text) if p]
+
+
+def _chunk(text: str = "", **extra: Any) -> GenericStreamingChunk:
+    chunk: GenericStreamingChunk = {
+        "text": text,
+        "tool_use": None,
+        "is_finished": False,
+        "finish_reason": "",
+        "usage": None,
+        "index": 0,
+    }
+    chunk.update(extra)  # type: ignore[typeddict-item]
+    return chunk
+
+
+def _stream(answer: _Answer) -> Iterator[GenericStreamingChunk]:
+    for piece in _text_pieces(answer.text):
+        yield _chunk(piece)
+    for index, (call_id, name, args) in enumerate(answer.calls):
+        half = len(args) // 2
+        head: dict[str, Any] = {"name": name, "arguments": args[:half]}
+        tail: dict[str, Any] = {"name": None, "arguments": args[half:]}
+        for call_id_part, function in ((call_id, head), (None, tail)):
+            tool_use = {
+                "id": call_id_part,
+                "type": "function",
+                "function": function,
+                "index": index,
+            }
+            yield _chunk(tool_use=tool_use)
+    usage = {
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+    }
+    yield _chunk(is_finished=True, finish_reason=answer.finish_reason, usage=usage)
+
+
+def _response(model: str, answer: _Answer) -> ModelResponse:
+    tool_calls = [
+        ChatCompletionMessageToolCall(
+            id=call_id, type="function", function=Function(name=name, arguments=args)
+        )
+        for call_id, name, args in answer.calls
+    ]
+    message = LiteLLMMessage(
+        role="assistant", content=answer.text or None, tool_calls=tool_calls or None
+    )
+    return ModelResponse(
+        model=model,
+        choices=[Choices(index=0, finish_reason=answer.finish_reason, message=message)],
+        usage=answer.usage(),
+    )
+
+
+class ScriptedLLM(CustomLLM):
+    """The litellm custom provider that plays registered scripts."""
+
+    def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        """Answer without streaming."""
+        model, messages = kwargs["model"], kwargs["messages"]
+        return _response(model, _answer(model, messages))
+
+    def streaming(self, *args: Any, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
+        """Answer as a stream (errors raise here, before the first chunk)."""
+        return _stream(_answer(kwargs["model"], kwargs["messages"]))
+
+    async def acompletion(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        """Answer without streaming, async."""
+        return self.completion(*args, **kwargs)
+
+    def astreaming(  # type: ignore[override]
+        self, *args: Any, **kwargs: Any
+    ) -> AsyncIterator[GenericStreamingChunk]:
+        """Answer as an async stream; litellm iterates the returned iterator."""
+        return _astream(_answer(kwargs["model"], kwargs["messages"]))
+
+
+async def _astream(answer: _Answer) -> AsyncIterator[GenericStreamingChunk]:
+    for chunk in _stream(answer):
+        yield chunk
+
+
+_handler = ScriptedLLM()
+
+
+def install() -> None:
+    """Register the ``scripted`` provider with litellm; cheap when already done."""
+    providers = litellm.custom_provider_map
+    if any(item.get("provider") == PROVIDER for item in providers):
+        return
+    with _lock:
+        if not any(item.get("provider") == PROVIDER for item in providers):
+            providers.append({"provider": PROVIDER, "custom_handler": _handler})
+    litellm.utils.custom_llm_setup()

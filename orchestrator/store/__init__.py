@@ -1,0 +1,1 @@
+"""Postgres state through SQLModel: tables, engine and sessions, migrations."""

@@ -1,0 +1,142 @@
+"""``@tool``: a typed Python function becomes a registered tool.
+
+The JSON schema of its parameters comes from the signature; arguments are
+validated before every call. A parameter annotated :class:`ToolContext`
+receives the call's context and is not offered to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+
+from orchestrator import registry
+from orchestrator.errors import ToolExecutionError
+from orchestrator.toolschema import build_params, describe, validate_params
+from schemas import ToolSpec
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool knows about the call it serves.
+
+    ``tool_request_id`` is unique per call and stable across redeliveries:
+    use it as the idempotency key of any side effect.
+    """
+
+    conversation_id: str
+    root_id: str
+    turn_id: str
+    tool_request_id: str
+    context_data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A registered tool: its spec, the function and its argument validator."""
+
+    spec: ToolSpec
+    fn: Callable[..., Any]
+    params_model: type[BaseModel]
+    context_param: str | None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def invoke(self, params: dict[str, Any], ctx: ToolContext) -> Any:
+        """Validate ``params``, run the function within the tool's timeout.
+
+        Returns the JSON-ready result. Raises
+        :class:`~orchestrator.errors.InvalidRequestError` for bad arguments and
+        :class:`~orchestrator.errors.ToolExecutionError` when it raises or
+        times out (the original exception is the ``__cause__``).
+        """
+        kwargs = validate_params(self.params_model, params, tool=self.spec.name)
+        if self.context_param:
+            kwargs[self.context_param] = ctx
+        value = _run_with_timeout(self.fn, kwargs, self.spec.timeout, self.spec.name)
+        try:
+            return to_jsonable_python(value)
+        except Exception as exc:
+            raise ToolExecutionError(
+                f"tool {self.spec.name!r} returned a value that is not JSON: {type(value)}"
+            ) from exc
+
+
+def _run_with_timeout(
+    fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float, name: str
+) -> Any:
+    """Run in a helper thread so a timeout works in every pool (a timed-out
+    function keeps running in its daemon thread until it returns)."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            value = fn(**kwargs)
+            if inspect.isawaitable(value):
+                value = asyncio.run(_await(value))
+            outcome["value"] = value
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"chorus-tool-{name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise ToolExecutionError(f"tool {name!r} timed out after {timeout:g}s")
+    if "error" in outcome:
+        exc = outcome["error"]
+        raise ToolExecutionError(f"tool {name!r} raised {type(exc).__name__}: {exc}") from exc
+    return outcome.get("value")
+
+
+async def _await(value: Any) -> Any:
+    return await value
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parallelizable: bool = True,
+    queue: str = "tools",
+    timeout: float = 300.0,
+) -> Any:
+    """Register a function as a tool. Use bare (``@tool``) or with options.
+
+    Args:
+        name: the name the model calls (default: the function's name).
+        description: what the model is told (default: the docstring summary).
+        parallelizable: False makes each call a barrier: it runs alone,
+            after every earlier call of the batch and before every later one.
+        queue: the Celery queue its calls run on.
+        timeout: seconds before a call is recorded as failed.
+    """
+
+    def decorate(f: Callable[..., Any]) -> Tool:
+        hints = get_type_hints(f)
+        ctx_params = {p for p, h in hints.items() if h is ToolContext}
+        params_model, schema = build_params(f, skip=ctx_params)
+        spec = ToolSpec(
+            name=name or f.__name__,
+            description=description if description is not None else describe(f),
+            parameters=schema,
+            parallelizable=parallelizable,
+            queue=queue,
+            timeout=timeout,
+        )
+        t = Tool(
+            spec=spec, fn=f, params_model=params_model, context_param=next(iter(ctx_params), None)
+        )
+        registry.register_tool(t)
+        return t
+
+    return decorate(fn) if fn is not None else decorate

@@ -1,0 +1,30 @@
+"""The worker's Celery app: configuration, tasks and the declared modules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init
+
+from orchestrator import registry
+from orchestrator.celery_conf import make_celery
+from orchestrator.runtime import Runtime
+from orchestrator.settings import Settings, load_settings
+from orchestrator.store.db import get_engine
+from workers.tasks import register_tasks
+
+
+def _forget_inherited_engines(**_: Any) -> None:
+    """A forked child opens its own database connections."""
+    get_engine.cache_clear()
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    """A Celery app with the Chorus tasks, importing ``settings.modules``."""
+    settings = settings or load_settings()
+    registry.load_modules(settings.modules)
+    app = make_celery(settings)
+    register_tasks(app, Runtime(settings))
+    worker_process_init.connect(_forget_inherited_engines, weak=False)
+    return app
