@@ -202,3 +202,7 @@ def local(
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

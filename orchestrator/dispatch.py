@@ -15,13 +15,19 @@ def _short(value: str) -> str:
 
 def dispatch(app: Celery, actions: Iterable[Action]) -> None:
     """Send each action: a step, or a segment as a chain (one call) or a
-    chord over a group (several calls) ending in ``chorus.advance``."""
+    chord over a group (several calls) ending in ``chorus.advance``.
+
+    Only chord parts keep a Celery result (the chord counts them); every
+    other task is sent with ``ignore_result`` so no producer subscribes to
+    a result it will never read. Results live in Postgres.
+    """
     for action in actions:
         if isinstance(action, RunStep):
             app.signature(
                 "chorus.step",
                 args=(action.conversation_id, action.turn_id, action.step),
                 queue="llm",
+                ignore_result=True,
                 argsrepr=f"conv={_short(action.conversation_id)} turn={_short(action.turn_id)} "
                 f"step={action.step}",
             ).apply_async()
@@ -36,6 +42,7 @@ def _send_segment(app: Celery, seg: RunSegment) -> None:
         args=(seg.conversation_id, seg.turn_id, seg.step, seg.segment),
         queue="control",
         immutable=True,
+        ignore_result=True,
         argsrepr=f"{where} segment={seg.segment}",
     )
     tools = [
@@ -51,6 +58,7 @@ def _send_segment(app: Celery, seg: RunSegment) -> None:
     if not tools:
         advance.apply_async()
     elif len(tools) == 1:
-        chain(tools[0], advance).apply_async()
+        # A chain needs no stored result: the worker sends the next link.
+        chain(tools[0].set(ignore_result=True), advance).apply_async()
     else:
         chord(group(tools), advance).apply_async()

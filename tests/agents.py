@@ -1,0 +1,162 @@
+"""Tools, scripts and agents the test workers register (CHORUS_MODULES=tests.agents)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import examples.parallel_tools  # noqa: F401  (the example agent, for the end-to-end test)
+from orchestrator import Agent, ToolContext, tool
+from orchestrator.llm.scripted import Reply, ScriptedToolCall, call, register_script, scripted_model
+
+
+def tool_results(messages: list[dict[str, Any]]) -> list[Any]:
+    """Every tool result the model was shown, oldest first (JSON decoded)."""
+    out: list[Any] = []
+    for m in messages:
+        if m.get("role") == "tool":
+            try:
+                out.append(json.loads(m["content"]))
+            except ValueError:
+                out.append(m["content"])
+    return out
+
+
+def echo_results(messages: list[dict[str, Any]]) -> Reply:
+    return Reply.say("results: " + json.dumps(tool_results(messages)))
+
+
+# -- ordering: parallel calls overlap, a barrier runs alone -------------------
+
+
+@tool
+def timed(label: str, seconds: float = 0.5) -> dict[str, Any]:
+    """Sleep and report when it ran.
+
+    Args:
+        label: a name for this call.
+        seconds: how long to sleep.
+    """
+    start = time.time()
+    time.sleep(seconds)
+    return {"label": label, "start": start, "end": time.time()}
+
+
+@tool(parallelizable=False)
+def timed_barrier(label: str, seconds: float = 0.3) -> dict[str, Any]:
+    """Like timed, but never runs beside another call.
+
+    Args:
+        label: a name for this call.
+        seconds: how long to sleep.
+    """
+    start = time.time()
+    time.sleep(seconds)
+    return {"label": label, "start": start, "end": time.time()}
+
+
+register_script(
+    "ordering",
+    [
+        Reply.call(
+            call("timed", label="p1"),
+            call("timed", label="p2"),
+            call("timed", label="p3"),
+            call("timed_barrier", label="b"),
+            call("timed", label="q1"),
+            call("timed", label="q2"),
+        ),
+        echo_results,
+    ],
+)
+Agent("ordering", scripted_model("ordering"), tools=[timed, timed_barrier])
+
+
+# -- durability: a batch slow enough to kill a worker under it ---------------
+
+register_script(
+    "slow-batch",
+    [
+        Reply.call(*(call("timed", label=f"s{i}", seconds=4.0) for i in range(3))),
+        echo_results,
+    ],
+)
+Agent("slow-batch", scripted_model("slow-batch"), tools=[timed])
+
+
+# -- bad model output and failing tools --------------------------------------
+
+
+@tool
+def explode(reason: str) -> str:
+    """Always raises.
+
+    Args:
+        reason: what to say.
+    """
+    raise RuntimeError(f"exploded: {reason}")
+
+
+@tool(timeout=0.5)
+def hang(seconds: float) -> str:
+    """Sleeps longer than its timeout.
+
+    Args:
+        seconds: how long.
+    """
+    time.sleep(seconds)
+    return "woke up"
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: first.
+        b: second.
+    """
+    return a + b
+
+
+register_script(
+    "misbehaving",
+    [
+        Reply.call(
+            call("no_such_tool", x=1),
+            call("add", a="not a number", b=2),
+            ScriptedToolCall(tool="add", params="{not json"),
+            call("explode", reason="on purpose"),
+            call("hang", seconds=5),
+            call("add", a=2, b=3),
+        ),
+        echo_results,
+    ],
+)
+Agent("misbehaving", scripted_model("misbehaving"), tools=[add, explode, hang])
+
+
+# -- context and multi-turn --------------------------------------------------
+
+
+@tool
+def whoami(ctx: ToolContext) -> dict[str, Any]:
+    """Report the call's context."""
+    return {
+        "conversation_id": ctx.conversation_id,
+        "tool_request_id": ctx.tool_request_id,
+        "context_data": ctx.context_data,
+    }
+
+
+def _count_user_texts(messages: list[dict[str, Any]]) -> Reply:
+    texts = [m["content"] for m in messages if m["role"] == "user"]
+    return Reply.say(f"I have seen {len(texts)} user messages: {' | '.join(texts)}")
+
+
+register_script(
+    "chatty",
+    [Reply.call(call("whoami")), echo_results, _count_user_texts, _count_user_texts],
+)
+Agent("chatty", scripted_model("chatty"), tools=[whoami])

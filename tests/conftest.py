@@ -1,0 +1,128 @@
+"""Shared fixtures: real services, a migrated database, worker processes, a client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from orchestrator import Client, Settings  # noqa: E402
+from orchestrator.store.migrate import upgrade  # noqa: E402
+from tests.services import Services, provide_services  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_MODULES = "tests.agents"
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    try:
+        with provide_services() as found:
+            upgrade(found.database_url)
+            yield found
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(
+        redis_url=services.redis_url,
+        database_url=services.database_url,
+        redis_prefix=services.redis_prefix,
+        modules=[TEST_MODULES],
+        state_dir=tmp_path_factory.mktemp("chorus-state"),
+        stall_timeout=8.0,
+        sweep_interval=2.0,
+    )
+
+
+def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        CHORUS_REDIS_URL=settings.redis_url or "",
+        CHORUS_DATABASE_URL=settings.db_url,
+        CHORUS_REDIS_PREFIX=settings.redis_prefix,
+        CHORUS_MODULES=",".join(settings.modules),
+        CHORUS_STATE_DIR=str(settings.state_dir),
+        CHORUS_STALL_TIMEOUT=str(settings.stall_timeout),
+        CHORUS_SWEEP_INTERVAL=str(settings.sweep_interval),
+        PYTHONPATH=str(ROOT),
+        OPENAI_API_KEY="sk-test-not-a-secret",
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+    )
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    """A `chorus worker` subprocess, stopped at the end."""
+
+    def __init__(self, settings: Settings, name: str, *args: str) -> None:
+        self.name = f"{name}@{settings.redis_prefix}"
+        log = Path(settings.state_dir) / f"{name}.log"
+        self.log_path = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "worker", "-n", self.name, *args,
+             "-l", "INFO"],
+            cwd=ROOT,
+            env=worker_env(settings),
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, client: Client, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{self.log_path.read_text()}")
+            if client.celery.control.ping(destination=[self.name], timeout=0.5):
+                return
+        raise RuntimeError(f"worker {self.name} not ready:\n{self.log_path.read_text()}")
+
+    def children(self) -> list[int]:
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False
+        )
+        return [int(p) for p in out.stdout.split()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def client(settings: Settings) -> Iterator[Client]:
+    c = Client(settings)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def workers(settings: Settings, client: Client) -> Iterator[dict[str, WorkerProcess]]:
+    """One I/O worker (llm, control; threads) and one tools worker (prefork)."""
+    procs = {
+        "llm": WorkerProcess(settings, "llm", "-Q", "llm,control", "-P", "threads", "-c", "16"),
+        "tools": WorkerProcess(settings, "tools", "-Q", "tools", "-P", "prefork", "-c", "4"),
+    }
+    try:
+        for p in procs.values():
+            p.wait_ready(client)
+        yield procs
+    finally:
+        for p in procs.values():
+            p.stop()
