@@ -1,0 +1,1 @@
+"""Benchmarks (not part of the installed distribution): run them from the repo root."""

@@ -1,0 +1,194 @@
+"""Worker-side half of ``bench/step_overhead.py``.
+
+Imported by both workers the bench starts:
+
+- the Chorus worker, through ``CHORUS_MODULES=bench.step_overhead_tasks``:
+  a no-op tool ``bench_noop``, a scripted model that calls it 4 times per
+  step for as many steps as the job input asks (``steps=N``), then answers,
+  and the agent ``bench-step-overhead`` tying them together;
+- the raw Celery worker, through ``celery -A bench.step_overhead_tasks``:
+  the same canvas shape with no Chorus in it, ``bench.step`` →
+  ``chord(group(4 × bench.tool), bench.advance)`` → ``bench.step`` …,
+  on the same Celery configuration (:func:`orchestrator.celery_conf.celery_config`)
+  under its own Redis prefix (``BENCH_RAW_PREFIX``).
+
+``BENCH_PROFILE=<dir>`` makes a worker profile every task it runs with
+cProfile (one profiler per pool thread, enabled between ``task_prerun`` and
+``task_postrun``) and write ``<dir>/tasks-<pid>.pstats`` when it shuts down.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery, chord, group
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_process_shutdown,
+    worker_shutdown,
+)
+
+from orchestrator import Agent, tool
+from orchestrator.celery_conf import celery_config
+from orchestrator.llm.scripted import Reply, call, register_script, scripted_model
+from orchestrator.settings import load_settings
+
+#: Tool calls the model asks for in each step (all parallelizable: one chord).
+TOOLS_PER_STEP = 4
+#: Name of the Chorus agent and of its script.
+AGENT = "bench-step-overhead"
+#: The longest turn the agent allows (AgentSpec caps max_steps at 1000).
+MAX_STEPS = 999
+
+_STEPS_RE = re.compile(r"steps=(\d+)")
+
+
+# --- Chorus side ----------------------------------------------------------
+
+
+@tool
+def bench_noop(i: int) -> int:
+    """Do nothing and return the argument.
+
+    Args:
+        i: any integer.
+    """
+    return i
+
+
+def _steps_asked(messages: list[dict[str, Any]]) -> int:
+    for message in messages:
+        if message.get("role") == "user":
+            found = _STEPS_RE.search(str(message.get("content") or ""))
+            if found:
+                return int(found.group(1))
+    return 1
+
+
+def _reply(messages: list[dict[str, Any]]) -> Reply:
+    """Call the tools until the job's ``steps=N`` steps are done, then answer."""
+    done = sum(1 for m in messages if m.get("role") == "assistant")
+    if done < _steps_asked(messages):
+        return Reply.call(*(call("bench_noop", i=k) for k in range(TOOLS_PER_STEP)))
+    return Reply.say(f"done after {done} steps")
+
+
+register_script(AGENT, [_reply] * (MAX_STEPS + 1))
+
+bench_agent = Agent(
+    AGENT,
+    model=scripted_model(AGENT),
+    system="Benchmark agent: call the no-op tool as told.",
+    tools=[bench_noop],
+    max_steps=MAX_STEPS + 1,
+)
+
+
+# --- raw Celery side ------------------------------------------------------
+
+
+def done_key(prefix: str, run_id: str) -> str:
+    """The Redis list a finished raw turn pushes to (the client BLPOPs it)."""
+    return f"{prefix}:bench-done:{run_id}"
+
+
+def _raw_app() -> Celery:
+    prefix = os.environ.get("BENCH_RAW_PREFIX", "chorus-bench-raw")
+    url = os.environ.get("CHORUS_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    settings = load_settings(redis_prefix=prefix, redis_url=url)
+    raw = Celery("bench-raw", set_as_current=False)
+    raw.conf.update(celery_config(settings))
+    raw.conf.task_routes = {
+        "bench.step": {"queue": "llm"},
+        "bench.tool": {"queue": "tools"},
+        "bench.advance": {"queue": "control"},
+    }
+    raw.conf.beat_schedule = {}
+    return raw
+
+
+app = _raw_app()
+_redis_lock = threading.Lock()
+_redis_client: redis.Redis | None = None
+
+
+def _redis() -> redis.Redis:
+    global _redis_client
+    with _redis_lock:
+        if _redis_client is None:
+            _redis_client = redis.Redis.from_url(app.conf.broker_url)
+        return _redis_client
+
+
+@app.task(name="bench.step", ignore_result=True, shared=False)
+def raw_step(run_id: str, step: int, steps: int) -> None:
+    """The raw "model step": a chord of no-op tools, or the end of the turn."""
+    if step >= steps:
+        prefix = app.conf.broker_transport_options["global_keyprefix"].rstrip(":")
+        _redis().rpush(done_key(prefix, run_id), time.time())
+        return
+    tools = [raw_tool.si(k) for k in range(TOOLS_PER_STEP)]
+    chord(group(tools), raw_advance.si(run_id, step, steps)).apply_async()
+
+
+@app.task(name="bench.tool", shared=False)
+def raw_tool(i: int) -> int:
+    """A no-op tool."""
+    return i
+
+
+@app.task(name="bench.advance", ignore_result=True, shared=False)
+def raw_advance(run_id: str, step: int, steps: int) -> None:
+    """The chord callback: send the next step."""
+    raw_step.apply_async((run_id, step + 1, steps))
+
+
+# --- optional per-task profiling -----------------------------------------
+
+_PROFILE_DIR = os.environ.get("BENCH_PROFILE")
+_profiles: list[cProfile.Profile] = []
+_local = threading.local()
+
+
+def _prerun(**_: Any) -> None:
+    prof = getattr(_local, "profile", None)
+    if prof is None:
+        prof = _local.profile = cProfile.Profile()
+        with _redis_lock:
+            _profiles.append(prof)
+    prof.enable()
+
+
+def _postrun(**_: Any) -> None:
+    prof = getattr(_local, "profile", None)
+    if prof is not None:
+        prof.disable()
+
+
+def _dump(**_: Any) -> None:
+    import pstats
+
+    if not _profiles or _PROFILE_DIR is None:
+        return
+    with _redis_lock:
+        profiles = list(_profiles)
+    stats = pstats.Stats(profiles[0])
+    for prof in profiles[1:]:
+        stats.add(prof)
+    out = Path(_PROFILE_DIR) / f"tasks-{os.getpid()}.pstats"
+    stats.dump_stats(str(out))
+
+
+if _PROFILE_DIR:
+    task_prerun.connect(_prerun, weak=False)
+    task_postrun.connect(_postrun, weak=False)
+    worker_shutdown.connect(_dump, weak=False)
+    worker_process_shutdown.connect(_dump, weak=False)

@@ -1,0 +1,107 @@
+"""Crashes and duplicates: a killed worker process costs a delay, never a result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+from sqlmodel import select
+
+from orchestrator import Client, engine
+from orchestrator.engine.actions import RunSegment, RunStep
+from orchestrator.engine.step import new_lease_owner
+from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
+from schemas import JobRequest
+from tests.conftest import WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def _running_calls(client: Client, turn_id: str) -> list[ToolCallRow]:
+    with client.runtime.session() as s:
+        return list(
+            s.exec(
+                select(ToolCallRow).where(
+                    ToolCallRow.turn_id == turn_id, ToolCallRow.status == "running"
+                )
+            ).all()
+        )
+
+
+def test_sigkill_of_a_tool_process_mid_batch(client: Client, workers: dict[str, WorkerProcess]) -> None:
+    # Given a batch of three 4-second tools running in the prefork tools worker
+    job = client.submit("slow-batch", "go")
+    deadline = time.monotonic() + 30
+    while len(_running_calls(client, job.id)) < 3:
+        assert time.monotonic() < deadline, "the batch never started"
+        time.sleep(0.1)
+
+    # When the pool's processes are killed outright, mid-call
+    victims = workers["tools"].children()
+    assert victims
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+
+    # Then the turn still completes, with exactly one result row per call
+    answer = job.result(timeout=90)
+    with client.runtime.session() as s:
+        calls = s.exec(select(ToolCallRow).where(ToolCallRow.turn_id == job.id)).all()
+    assert len(calls) == 3
+    assert all(c.status == "completed" for c in calls)
+    assert sorted(c.result["label"] for c in calls) == ["s0", "s1", "s2"]
+    assert all(c.result["label"] in answer for c in calls)
+    # and each killed call really ran again
+    assert [c.attempts for c in calls] == [2, 2, 2]
+    # the worker replaced its process and still serves
+    assert client.submit("trip-planner", "after the crash").result(timeout=60)
+
+
+def test_two_concurrent_advances_move_the_cursor_once(client: Client) -> None:
+    # Given a turn whose tool segment has every result (engine called directly)
+    rt = client.runtime
+    ref, actions = engine.start_turn(rt, JobRequest(agent="trip-planner", input="race"))
+    (step,) = actions
+    assert isinstance(step, RunStep)
+    (segment,) = engine.run_step(rt, ref.conversation_id, ref.job_id, 0, new_lease_owner())
+    assert isinstance(segment, RunSegment) and len(segment.calls) == 3
+    for call in segment.calls:
+        engine.run_tool(rt, call.call_id)
+        engine.run_tool(rt, call.call_id)  # a redelivered copy records nothing more
+    with rt.session() as s:
+        version = s.get(Conversation, ref.conversation_id).version  # type: ignore[union-attr]
+
+    # When two copies of advance race
+    gate = threading.Barrier(2)
+    results: list[list[Any]] = []
+
+    def race() -> None:
+        gate.wait()
+        results.append(engine.advance(rt, ref.conversation_id, ref.job_id, 0, 0))
+
+    threads = [threading.Thread(target=race) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    # Then exactly one advanced
+    assert sorted(len(r) for r in results) == [0, 1]
+    with rt.session() as s:
+        conv = s.get(Conversation, ref.conversation_id)
+        assert conv is not None and conv.version == version + 1 and conv.cursor_segment == 1
+        calls = s.exec(select(ToolCallRow).where(ToolCallRow.turn_id == ref.job_id)).all()
+        assert [c.attempts for c in calls if c.segment == 0] == [1, 1, 1]
+    # and a later segment's advance racing too moves once, storing one results message
+    (barrier,) = next(r for r in results if r)
+    engine.run_tool(rt, barrier.calls[0].call_id)
+    outcomes = [engine.advance(rt, ref.conversation_id, ref.job_id, 0, 1) for _ in range(2)]
+    assert [len(o) for o in outcomes] == [1, 0]
+    with rt.session() as s:
+        kinds = s.exec(
+            select(MessageRow.kind).where(MessageRow.turn_id == ref.job_id)
+        ).all()
+    assert sorted(kinds) == ["assistant", "input", "tool_results"]
