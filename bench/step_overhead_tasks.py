@@ -8,13 +8,15 @@ Imported by both workers the bench starts:
   and the agent ``bench-step-overhead`` tying them together;
 - the raw Celery worker, through ``celery -A bench.step_overhead_tasks``:
   the same canvas shape with no Chorus in it, ``bench.step`` →
-  ``chord(group(4 × bench.tool), bench.advance)`` → ``bench.step`` …,
+  ``chord(group(4 x bench.tool), bench.advance)`` → ``bench.step`` …,
   on the same Celery configuration (:func:`orchestrator.celery_conf.celery_config`)
   under its own Redis prefix (``BENCH_RAW_PREFIX``).
 
 ``BENCH_PROFILE=<dir>`` makes a worker profile every task it runs with
 cProfile (one profiler per pool thread, enabled between ``task_prerun`` and
-``task_postrun``) and write ``<dir>/tasks-<pid>.pstats`` when it shuts down.
+``task_postrun``, once the file ``<dir>/on`` exists) and write
+``<dir>/tasks-<pid>.pstats`` when it shuts down. ``BENCH_PROFILE_TIMER=cpu``
+profiles per-thread CPU time instead of wall time.
 """
 
 from __future__ import annotations
@@ -154,14 +156,19 @@ def raw_advance(run_id: str, step: int, steps: int) -> None:
 # --- optional per-task profiling -----------------------------------------
 
 _PROFILE_DIR = os.environ.get("BENCH_PROFILE")
+_PROFILE_CPU = os.environ.get("BENCH_PROFILE_TIMER") == "cpu"
 _profiles: list[cProfile.Profile] = []
 _local = threading.local()
 
 
 def _prerun(**_: Any) -> None:
+    # the bench creates <dir>/on once its warm-up is over
+    if _PROFILE_DIR is None or not os.path.exists(os.path.join(_PROFILE_DIR, "on")):
+        return
     prof = getattr(_local, "profile", None)
     if prof is None:
-        prof = _local.profile = cProfile.Profile()
+        prof = cProfile.Profile(time.thread_time) if _PROFILE_CPU else cProfile.Profile()
+        _local.profile = prof
         with _redis_lock:
             _profiles.append(prof)
     prof.enable()

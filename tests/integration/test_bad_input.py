@@ -1,0 +1,89 @@
+"""Bad input gets a clear, typed error and never harms a worker."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from sqlmodel import col, select
+
+from orchestrator import (
+    Client,
+    InvalidRequestError,
+    UnknownAgentError,
+    UnknownToolError,
+)
+from orchestrator.store.tables import ToolCallRow
+from schemas import AgentSpec, TurnStatus
+
+pytestmark = pytest.mark.integration
+
+
+def test_unknown_agent_is_refused_at_submit(client: Client) -> None:
+    with pytest.raises(UnknownAgentError, match="'nobody'.*trip-planner"):
+        client.submit("nobody", "hi")
+
+
+def test_inline_agent_naming_an_unknown_tool_is_refused(client: Client) -> None:
+    spec = AgentSpec(name="inline", model="scripted/ordering", tools=("timed", "rm_rf"))
+    with pytest.raises(UnknownToolError, match="'rm_rf'"):
+        client.submit(spec, "hi")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"input": ""}, "input"),
+        ({"input": "x" * 200_001}, "input"),
+        ({"input": "hi", "context_data": {"blob": "y" * 300_000}}, "context_data"),
+        ({"input": "hi", "idempotency_key": ""}, "idempotency_key"),
+        ({"input": "hi", "conversation_id": "c" * 65}, "conversation_id"),
+    ],
+)
+def test_malformed_requests_name_the_field(client: Client, kwargs: dict[str, Any], field: str) -> None:
+    text = kwargs.pop("input")
+    with pytest.raises(InvalidRequestError) as caught:
+        client.submit("trip-planner", text, **kwargs)
+    assert field in caught.value.fields
+    assert field in str(caught.value)
+
+
+def test_model_mistakes_and_failing_tools_become_error_results(
+    client: Client, workers: Any
+) -> None:
+    # Given a model that calls an unknown tool, passes bad and unparsable
+    # arguments, and calls a tool that raises and one that times out
+    job = client.submit("misbehaving", "do your worst")
+
+    # Then the turn goes on to a final answer that saw every error
+    answer = job.result(timeout=60)
+    with client.runtime.session() as s:
+        calls = s.exec(
+            select(ToolCallRow).where(ToolCallRow.turn_id == job.id).order_by(col(ToolCallRow.position))
+        ).all()
+    results = [(c.tool, c.is_error, str(c.result)) for c in calls]
+    assert results[0][1] and "unknown tool 'no_such_tool'" in results[0][2]
+    assert results[1][1] and "a: Input should be a valid integer" in results[1][2]
+    assert results[2][1] and "not a JSON object" in results[2][2]
+    assert results[3][1] and "exploded: on purpose" in results[3][2]
+    assert results[4][1] and "timed out after 0.5s" in results[4][2]
+    assert results[5] == ("add", False, "5")
+    for c in calls:  # the model was shown each result, errors included
+        assert json.dumps(c.result) in answer
+    # and the workers are unharmed
+    assert client.submit("trip-planner", "still there?").result(timeout=60)
+
+
+def test_garbage_task_payloads_leave_workers_unharmed(client: Client, workers: Any) -> None:
+    # Tasks sent by hand with ids that name nothing, or the wrong shapes
+    app = client.celery
+    app.send_task("chorus.step", args=("nope", "nope", 0), queue="llm", ignore_result=True)
+    app.send_task("chorus.tool", args=("nope",), queue="tools", ignore_result=True)
+    app.send_task("chorus.advance", args=("nope", "x", 1, 2), queue="control", ignore_result=True)
+    app.send_task("chorus.step", args=(), queue="llm", ignore_result=True)
+    app.send_task("chorus.tool", kwargs={"bogus": 1}, queue="tools", ignore_result=True)
+    job = client.submit("trip-planner", "after garbage")
+    assert job.result(timeout=60)
+    assert job.status().status is TurnStatus.COMPLETED
+    assert all(w.proc.poll() is None for w in workers.values())

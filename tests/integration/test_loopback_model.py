@@ -1,0 +1,62 @@
+"""A real OpenAI-compatible HTTP server behind litellm, driven by the fleet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator import Client, JobFailedError
+from schemas import AgentSpec, EventName
+from tests.loopback_llm import LoopbackLLM
+
+pytestmark = pytest.mark.integration
+
+
+def loopback_agent(server: LoopbackLLM) -> AgentSpec:
+    return AgentSpec(
+        name="loopback",
+        model="openai/loopback-model",
+        system="You add numbers with the add tool.",
+        tools=("add",),
+        model_settings={"api_base": server.base_url},
+    )
+
+
+def test_tool_calls_and_streaming_through_litellm(client: Client, workers: Any) -> None:
+    with LoopbackLLM() as server:
+        # Given a model server that asks for a tool, then answers in a stream
+        server.enqueue_tool_calls([("add", {"a": 2, "b": 40})], text="Adding.")
+        server.enqueue_text("The sum is 42, as the tool said.", chunk_delay=0.01)
+
+        # When the fleet runs the turn
+        job = client.submit(loopback_agent(server), "What is 2 + 40?")
+        events = list(job.events(timeout=60))
+        answer = job.result(timeout=5)
+
+    # Then the answer is the streamed text, built from deltas seen live
+    assert answer == "The sum is 42, as the tool said."
+    deltas = "".join(e.data["text"] for e in events if e.name is EventName.ASSISTANT_DELTA)
+    assert "The sum is 42" in deltas
+    # and the server saw: streaming requests, the tool schema, then the tool result
+    first, second = server.requests
+    assert first["stream"] is True and second["stream"] is True
+    assert first["tools"][0]["function"]["name"] == "add"
+    assert first["tools"][0]["function"]["parameters"]["required"] == ["a", "b"]
+    assert first["messages"][0] == {"role": "system", "content": "You add numbers with the add tool."}
+    tool_message = next(m for m in second["messages"] if m["role"] == "tool")
+    assert tool_message["content"] == "42"
+    call_id = second["messages"][-2]["tool_calls"][0]["id"]
+    assert tool_message["tool_call_id"] == call_id
+    assert job.status().usage.input_tokens > 0
+
+
+def test_provider_error_fails_the_turn_with_status(client: Client, workers: Any) -> None:
+    with LoopbackLLM() as server:
+        server.enqueue_error(401, message="bad key")
+        job = client.submit(loopback_agent(server), "hi")
+        with pytest.raises(JobFailedError, match="401") as caught:
+            job.result(timeout=60)
+    assert caught.value.status == "failed"
+    failed = [e for e in job.events(timeout=5) if e.name is EventName.LLM_FAILED]
+    assert failed and failed[0].data["status"] == 401 and "bad key" in failed[0].data["body"]
