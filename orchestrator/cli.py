@@ -44,7 +44,9 @@ def _default_pool(queues: list[str]) -> tuple[str, int]:
 @app.command()
 def worker(
     queues: Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated.")] = "llm,control",
-    pool: Annotated[str | None, typer.Option("--pool", "-P", help="prefork|threads|gevent|solo")] = None,
+    pool: Annotated[
+        str | None, typer.Option("--pool", "-P", help="prefork|threads|gevent|solo")
+    ] = None,
     concurrency: Annotated[int | None, typer.Option("--concurrency", "-c")] = None,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Node name.")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
@@ -60,11 +62,15 @@ def worker(
     default_pool, default_concurrency = _default_pool(names)
     argv = [
         "worker",
-        "-Q", ",".join(names),
-        "-P", pool or default_pool,
-        "-c", str(concurrency or default_concurrency),
+        "-Q",
+        ",".join(names),
+        "-P",
+        pool or default_pool,
+        "-c",
+        str(concurrency or default_concurrency),
         "-E",
-        "-l", loglevel,
+        "-l",
+        loglevel,
     ]
     if name:
         argv += ["-n", name]
@@ -110,7 +116,9 @@ def _follow(job: Job) -> None:
         if streaming:
             console.print()
             streaming = False
-        detail = {k: v for k, v in event.data.items() if k in ("tool", "status", "error", "seconds")}
+        detail = {
+            k: v for k, v in event.data.items() if k in ("tool", "status", "error", "seconds")
+        }
         console.print(
             f"[cyan]{event.seq:>4}[/] {event.time:%H:%M:%S.%f}"[:-3]
             + f" [bold]{event.name.value:<18}[/] step={event.step} {detail or ''}",
@@ -196,8 +204,11 @@ def local(
         _follow(job)
         _report(job)
         client.close()
-        console.print(f"[dim]inspect it: sqlite3 {running.db_url.removeprefix('sqlite:///')}[/]"
-                      if running.db_url.startswith("sqlite") else "")
+        console.print(
+            f"[dim]inspect it: sqlite3 {running.db_url.removeprefix('sqlite:///')}[/]"
+            if running.db_url.startswith("sqlite")
+            else ""
+        )
 
 
 def main() -> None:

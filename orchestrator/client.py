@@ -202,8 +202,8 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
         correlation_id = turn.correlation_id
     deadline = None if timeout is None else time.monotonic() + timeout
     stream = events_stream(rt.settings.redis_prefix, job.root_id)
-    tail = rt.redis.xrevrange(stream, count=1)
-    cursor = tail[0][0] if tail else "0-0"
+    tail: Any = rt.redis.xrevrange(stream, count=1)
+    cursor: str = tail[0][0] if tail else "0-0"
     stale = True
     while True:
         if stale:
@@ -216,7 +216,7 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
         if remaining is not None and remaining <= 0:
             raise TimeoutError(f"job {job.id} did not finish within {timeout}s")
         block = 1000 if remaining is None else max(1, int(min(1.0, remaining) * 1000))
-        reply = rt.redis.xread({stream: cursor}, count=500, block=block)
+        reply: Any = rt.redis.xread({stream: cursor}, count=500, block=block)
         stale = not reply  # on a quiet second, look in Postgres anyway
         for _key, entries in reply or []:
             for entry_id, fields in entries:

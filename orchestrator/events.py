@@ -15,10 +15,10 @@ from typing import Any
 
 import redis
 from sqlalchemy import update
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from orchestrator.keys import events_stream
-from orchestrator.store.tables import Conversation, EventRow, utcnow
+from orchestrator.store.tables import Conversation, EventRow, Turn, utcnow
 from schemas import Event, EventName
 
 log = logging.getLogger(__name__)
@@ -49,26 +49,25 @@ class Outbox:
         session: Session,
         name: EventName,
         conv: Conversation,
-        *,
-        turn_id: str | None = None,
+        turn: Turn,
         step: int | None = None,
-        correlation_id: str | None = None,
         **data: Any,
     ) -> Event:
+        """Store an event about ``conv`` in ``turn`` with the root's next sequence."""
         seq = session.execute(
             update(Conversation)
-            .where(Conversation.id == conv.root_id)  # type: ignore[arg-type]
-            .values(event_seq=Conversation.event_seq + 1)
-            .returning(Conversation.event_seq)
+            .where(col(Conversation.id) == conv.root_id)
+            .values(event_seq=col(Conversation.event_seq) + 1)
+            .returning(col(Conversation.event_seq))
         ).scalar_one()
         row = EventRow(
             root_id=conv.root_id,
             seq=seq,
             name=name.value,
             conversation_id=conv.id,
-            turn_id=turn_id,
+            turn_id=turn.id,
             step=step,
-            correlation_id=correlation_id,
+            correlation_id=turn.correlation_id,
             data=data,
             created_at=utcnow(),
         )

@@ -23,12 +23,8 @@ _loaded: set[str] = set()
 
 def register_tool(t: Tool) -> None:
     existing = _tools.get(t.spec.name)
-    if existing is not None and existing.fn is not t.fn:
-        if (
-            existing.fn.__qualname__ != t.fn.__qualname__
-            or existing.fn.__module__ != t.fn.__module__
-        ):
-            raise ConfigurationError(f"two different tools are named {t.spec.name!r}")
+    if existing is not None and _origin(existing) != _origin(t):
+        raise ConfigurationError(f"two different tools are named {t.spec.name!r}")
     _tools[t.spec.name] = t
 
 

@@ -14,9 +14,9 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from orchestrator import Client, Settings  # noqa: E402
-from orchestrator.store.migrate import upgrade  # noqa: E402
-from tests.services import Services, provide_services  # noqa: E402
+from orchestrator import Client, Settings
+from orchestrator.store.migrate import upgrade
+from tests.services import Services, provide_services
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODULES = "tests.agents"
@@ -71,8 +71,17 @@ class WorkerProcess:
         log = Path(settings.state_dir) / f"{name}.log"
         self.log_path = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "worker", "-n", self.name, *args,
-             "-l", "INFO"],
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "worker",
+                "-n",
+                self.name,
+                *args,
+                "-l",
+                "INFO",
+            ],
             cwd=ROOT,
             env=worker_env(settings),
             stdout=log.open("wb"),

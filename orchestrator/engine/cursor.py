@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import update
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from orchestrator.events import Outbox
 from orchestrator.store.tables import Conversation, Turn, utcnow
@@ -16,7 +16,7 @@ def move_cursor(session: Session, conv: Conversation, **values: Any) -> bool:
     """``UPDATE … WHERE version = :v``: True for exactly one of any racing copies."""
     result = session.execute(
         update(Conversation)
-        .where(Conversation.id == conv.id, Conversation.version == conv.version)  # type: ignore[arg-type]
+        .where(col(Conversation.id) == conv.id, col(Conversation.version) == conv.version)
         .values(version=conv.version + 1, progress_at=utcnow(), **values)
     )
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
@@ -68,9 +68,8 @@ def finish_turn(
         session,
         _END_EVENTS[status],
         conv,
-        turn_id=turn.id,
+        turn,
         step=turn.steps,
-        correlation_id=turn.correlation_id,
         **data,
     )
     return True

@@ -6,9 +6,10 @@ import logging
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import or_, update
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from orchestrator import context, registry
 from orchestrator.engine.actions import Action, RunSegment, ToolTask
@@ -36,12 +37,12 @@ def _take_lease(rt: Runtime, session: Session, conv: Conversation, owner: str) -
     result = session.execute(
         update(Conversation)
         .where(
-            Conversation.id == conv.id,  # type: ignore[arg-type]
-            Conversation.version == conv.version,  # type: ignore[arg-type]
+            col(Conversation.id) == conv.id,
+            col(Conversation.version) == conv.version,
             or_(
-                Conversation.lease_until.is_(None),  # type: ignore[union-attr]
-                Conversation.lease_until < now,  # type: ignore[operator]
-                Conversation.lease_owner == owner,  # type: ignore[arg-type]
+                col(Conversation.lease_until).is_(None),
+                col(Conversation.lease_until) < now,
+                col(Conversation.lease_owner) == owner,
             ),
         )
         .values(lease_owner=owner, lease_until=now + timedelta(seconds=rt.settings.lease_seconds))
@@ -72,7 +73,7 @@ def run_step(
                 conv,
                 turn,
                 TurnStatus.FAILED,
-                error=f"the agent used its {spec.max_steps} steps (max_steps) without a final answer",
+                error=f"no final answer within max_steps={spec.max_steps}",
             )
             session.commit()
             rt.publish(outbox)
@@ -82,9 +83,8 @@ def run_step(
             session,
             EventName.LLM_REQUESTED,
             conv,
-            turn_id=turn_id,
+            turn,
             step=step,
-            correlation_id=turn.correlation_id,
             model=spec.model,
         )
         correlation_id = turn.correlation_id
@@ -143,8 +143,9 @@ class _LeaseRenewer:
             session.execute(
                 update(Conversation)
                 .where(
-                    Conversation.id == self.conversation_id, Conversation.lease_owner == self.owner
-                )  # type: ignore[arg-type]
+                    col(Conversation.id) == self.conversation_id,
+                    col(Conversation.lease_owner) == self.owner,
+                )
                 .values(lease_until=utcnow() + timedelta(seconds=self.rt.settings.lease_seconds))
             )
 
@@ -173,9 +174,8 @@ def _model_failed(
             session,
             EventName.LLM_FAILED,
             conv,
-            turn_id=turn_id,
+            turn,
             step=step,
-            correlation_id=turn.correlation_id,
             error=str(exc),
             status=exc.status,
             body=exc.body,
@@ -228,7 +228,7 @@ def _persist(
         content.extend(reply.tool_calls)
         usage = reply.usage
         has_calls = bool(reply.tool_calls)
-        values = {
+        values: dict[str, Any] = {
             "input_tokens": conv.input_tokens + usage.input_tokens,
             "output_tokens": conv.output_tokens + usage.output_tokens,
             "cost_usd": conv.cost_usd + usage.cost_usd,
@@ -254,24 +254,25 @@ def _persist(
         turn.input_tokens += usage.input_tokens
         turn.output_tokens += usage.output_tokens
         turn.cost_usd += usage.cost_usd
-        meta = {"turn_id": turn_id, "step": step, "correlation_id": turn.correlation_id}
-        outbox.record(session, EventName.LLM_COMPLETED, conv, seconds=round(seconds, 4), **meta)
+        outbox.record(session, EventName.LLM_COMPLETED, conv, turn, step, seconds=round(seconds, 4))
         outbox.record(
             session,
             EventName.USAGE,
             conv,
+            turn,
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             cost_usd=usage.cost_usd,
-            **meta,
+            step=step,
         )
         outbox.record(
             session,
             EventName.ASSISTANT_MESSAGE,
             conv,
+            turn,
             text=reply.text,
             tool_calls=len(reply.tool_calls),
-            **meta,
+            step=step,
         )
         tasks: list[ToolTask] = []
         for position, (call, (segment, parallel, queue)) in enumerate(
@@ -294,11 +295,12 @@ def _persist(
                 session,
                 EventName.TOOL_REQUESTED,
                 conv,
+                turn,
                 tool=call.tool,
                 tool_request_id=call.tool_request_id,
                 params=call.params,
                 segment=segment,
-                **meta,
+                step=step,
             )
             if segment == 0:
                 tasks.append(ToolTask(row.id, call.tool, queue))

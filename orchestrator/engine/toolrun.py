@@ -67,15 +67,15 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
         call.started_at = utcnow()
         call.task_id = task_id
         session.add(call)
-        meta = {"turn_id": turn.id, "step": call.step, "correlation_id": turn.correlation_id}
         outbox.record(
             session,
             EventName.TOOL_STARTED,
             conv,
+            turn,
             tool=call.tool,
             tool_request_id=call.tool_request_id,
             attempt=call.attempts,
-            **meta,
+            step=call.step,
         )
         ctx = ToolContext(
             conversation_id=conv.id,
@@ -106,9 +106,10 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
             session,
             EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
             conv,
+            turn,
             tool=call.tool,
             tool_request_id=call.tool_request_id,
             result=result,
-            **meta,
+            step=call.step,
         )
     rt.publish(outbox)

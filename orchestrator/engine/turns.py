@@ -103,9 +103,8 @@ def start_turn(rt: Runtime, request: JobRequest) -> tuple[TurnRef, list[Action]]
                 session,
                 EventName.TURN_STARTED,
                 conv,
-                turn_id=turn.id,
+                turn,
                 step=0,
-                correlation_id=turn.correlation_id,
                 agent=spec.name,
                 input=request.input,
             )
@@ -131,9 +130,9 @@ def _claim_conversation(
         session.add(conv)
         session.flush()
         return conv
-    conv = session.get(Conversation, conversation_id)
-    if conv is None:
+    found = session.get(Conversation, conversation_id)
+    if found is None:
         raise ConversationNotFound(conversation_id)
-    if conv.state != ConversationState.IDLE.value:
+    if found.state != ConversationState.IDLE.value:
         raise ConversationBusyError(conversation_id)
-    return conv
+    return found

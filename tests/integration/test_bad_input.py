@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_unknown_agent_is_refused_at_submit(client: Client) -> None:
-    with pytest.raises(UnknownAgentError, match="'nobody'.*trip-planner"):
+    with pytest.raises(UnknownAgentError, match=r"'nobody'.*trip-planner"):
         client.submit("nobody", "hi")
 
 
@@ -41,7 +41,9 @@ def test_inline_agent_naming_an_unknown_tool_is_refused(client: Client) -> None:
         ({"input": "hi", "conversation_id": "c" * 65}, "conversation_id"),
     ],
 )
-def test_malformed_requests_name_the_field(client: Client, kwargs: dict[str, Any], field: str) -> None:
+def test_malformed_requests_name_the_field(
+    client: Client, kwargs: dict[str, Any], field: str
+) -> None:
     text = kwargs.pop("input")
     with pytest.raises(InvalidRequestError) as caught:
         client.submit("trip-planner", text, **kwargs)
@@ -60,7 +62,9 @@ def test_model_mistakes_and_failing_tools_become_error_results(
     answer = job.result(timeout=60)
     with client.runtime.session() as s:
         calls = s.exec(
-            select(ToolCallRow).where(ToolCallRow.turn_id == job.id).order_by(col(ToolCallRow.position))
+            select(ToolCallRow)
+            .where(ToolCallRow.turn_id == job.id)
+            .order_by(col(ToolCallRow.position))
         ).all()
     results = [(c.tool, c.is_error, str(c.result)) for c in calls]
     assert results[0][1] and "unknown tool 'no_such_tool'" in results[0][2]

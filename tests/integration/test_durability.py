@@ -32,7 +32,9 @@ def _running_calls(client: Client, turn_id: str) -> list[ToolCallRow]:
         )
 
 
-def test_sigkill_of_a_tool_process_mid_batch(client: Client, workers: dict[str, WorkerProcess]) -> None:
+def test_sigkill_of_a_tool_process_mid_batch(
+    client: Client, workers: dict[str, WorkerProcess]
+) -> None:
     # Given a batch of three 4-second tools running in the prefork tools worker
     job = client.submit("slow-batch", "go")
     deadline = time.monotonic() + 30
@@ -101,7 +103,5 @@ def test_two_concurrent_advances_move_the_cursor_once(client: Client) -> None:
     outcomes = [engine.advance(rt, ref.conversation_id, ref.job_id, 0, 1) for _ in range(2)]
     assert [len(o) for o in outcomes] == [1, 0]
     with rt.session() as s:
-        kinds = s.exec(
-            select(MessageRow.kind).where(MessageRow.turn_id == ref.job_id)
-        ).all()
+        kinds = s.exec(select(MessageRow.kind).where(MessageRow.turn_id == ref.job_id)).all()
     assert sorted(kinds) == ["assistant", "input", "tool_results"]

@@ -109,4 +109,11 @@ def test_second_submit_continues_the_conversation(client: Client, workers: Any) 
     assert second.conversation_id == first.conversation_id
     assert second.result(timeout=60) == "I have seen 2 user messages: hello | again"
     history = client.history(first.conversation_id)
-    assert [m.role.value for m in history] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert [m.role.value for m in history] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]

@@ -43,7 +43,10 @@ def test_tool_calls_and_streaming_through_litellm(client: Client, workers: Any) 
     assert first["stream"] is True and second["stream"] is True
     assert first["tools"][0]["function"]["name"] == "add"
     assert first["tools"][0]["function"]["parameters"]["required"] == ["a", "b"]
-    assert first["messages"][0] == {"role": "system", "content": "You add numbers with the add tool."}
+    assert first["messages"][0] == {
+        "role": "system",
+        "content": "You add numbers with the add tool.",
+    }
     tool_message = next(m for m in second["messages"] if m["role"] == "tool")
     assert tool_message["content"] == "42"
     call_id = second["messages"][-2]["tool_calls"][0]["id"]

@@ -8,7 +8,6 @@ Create Date: 2026-11-22
 from __future__ import annotations
 
 import sqlalchemy as sa
-import sqlmodel
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
@@ -23,24 +22,24 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "chorus_conversation",
-        sa.Column("id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("root_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("parent_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
-        sa.Column("agent", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+        sa.Column("id", sa.String(length=64), nullable=False),
+        sa.Column("root_id", sa.String(length=64), nullable=False),
+        sa.Column("parent_id", sa.String(length=64), nullable=True),
+        sa.Column("agent", sa.String(length=64), nullable=False),
         sa.Column(
             "agent_spec",
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
             nullable=False,
         ),
-        sa.Column("state", sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
-        sa.Column("turn_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
+        sa.Column("state", sa.String(length=16), nullable=False),
+        sa.Column("turn_id", sa.String(length=64), nullable=True),
         sa.Column("cursor_step", sa.Integer(), nullable=False),
         sa.Column("cursor_segment", sa.Integer(), nullable=False),
         sa.Column("version", sa.Integer(), nullable=False),
         sa.Column(
             "progress_at", orchestrator.store.tables.UTCDateTime(timezone=True), nullable=False
         ),
-        sa.Column("lease_owner", sqlmodel.sql.sqltypes.AutoString(length=128), nullable=True),
+        sa.Column("lease_owner", sa.String(length=128), nullable=True),
         sa.Column(
             "lease_until", orchestrator.store.tables.UTCDateTime(timezone=True), nullable=True
         ),
@@ -69,13 +68,13 @@ def upgrade() -> None:
     op.create_table(
         "chorus_event",
         sa.Column("id", sa.Integer(), nullable=False),
-        sa.Column("root_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+        sa.Column("root_id", sa.String(length=64), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
-        sa.Column("name", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("conversation_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("turn_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
+        sa.Column("name", sa.String(length=64), nullable=False),
+        sa.Column("conversation_id", sa.String(length=64), nullable=False),
+        sa.Column("turn_id", sa.String(length=64), nullable=True),
         sa.Column("step", sa.Integer(), nullable=True),
-        sa.Column("correlation_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
+        sa.Column("correlation_id", sa.String(length=64), nullable=True),
         sa.Column(
             "data",
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
@@ -90,11 +89,11 @@ def upgrade() -> None:
     op.create_table(
         "chorus_message",
         sa.Column("id", sa.Integer(), nullable=False),
-        sa.Column("conversation_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("turn_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+        sa.Column("conversation_id", sa.String(length=64), nullable=False),
+        sa.Column("turn_id", sa.String(length=64), nullable=False),
         sa.Column("step", sa.Integer(), nullable=False),
-        sa.Column("kind", sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
-        sa.Column("role", sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
+        sa.Column("kind", sa.String(length=16), nullable=False),
+        sa.Column("role", sa.String(length=16), nullable=False),
         sa.Column(
             "content",
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
@@ -117,22 +116,22 @@ def upgrade() -> None:
     )
     op.create_table(
         "chorus_tool_call",
-        sa.Column("id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("conversation_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("turn_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+        sa.Column("id", sa.String(length=64), nullable=False),
+        sa.Column("conversation_id", sa.String(length=64), nullable=False),
+        sa.Column("turn_id", sa.String(length=64), nullable=False),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("position", sa.Integer(), nullable=False),
         sa.Column("segment", sa.Integer(), nullable=False),
-        sa.Column("tool_request_id", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=False),
-        sa.Column("tool", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=False),
+        sa.Column("tool_request_id", sa.String(length=200), nullable=False),
+        sa.Column("tool", sa.String(length=200), nullable=False),
         sa.Column(
             "params",
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
             nullable=False,
         ),
         sa.Column("parallelizable", sa.Boolean(), nullable=False),
-        sa.Column("queue", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("status", sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
+        sa.Column("queue", sa.String(length=64), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column(
             "result",
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
@@ -140,7 +139,7 @@ def upgrade() -> None:
         ),
         sa.Column("is_error", sa.Boolean(), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
-        sa.Column("task_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
+        sa.Column("task_id", sa.String(length=64), nullable=True),
         sa.Column(
             "started_at", orchestrator.store.tables.UTCDateTime(timezone=True), nullable=True
         ),
@@ -158,20 +157,20 @@ def upgrade() -> None:
     )
     op.create_table(
         "chorus_turn",
-        sa.Column("id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("conversation_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("root_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+        sa.Column("id", sa.String(length=64), nullable=False),
+        sa.Column("conversation_id", sa.String(length=64), nullable=False),
+        sa.Column("root_id", sa.String(length=64), nullable=False),
         sa.Column("number", sa.Integer(), nullable=False),
-        sa.Column("agent", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("status", sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
+        sa.Column("agent", sa.String(length=64), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("input_text", sa.Text(), nullable=False),
         sa.Column(
             "context_data",
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
             nullable=False,
         ),
-        sa.Column("idempotency_key", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
-        sa.Column("correlation_id", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+        sa.Column("idempotency_key", sa.String(length=200), nullable=True),
+        sa.Column("correlation_id", sa.String(length=64), nullable=False),
         sa.Column("output", sa.Text(), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("steps", sa.Integer(), nullable=False),
