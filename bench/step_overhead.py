@@ -44,7 +44,10 @@ Run from the repo root::
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import re
+import resource
 import secrets
 import shutil
 import signal
@@ -88,6 +91,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="cProfile clock: wall (latency on the critical path) or per-thread CPU",
     )
     p.add_argument("--profile-top", type=int, default=25, help="rows of each profile table")
+    p.add_argument(
+        "--py-spy",
+        metavar="BIN",
+        help="sample both workers with this py-spy executable during the timed turns",
+    )
     p.add_argument("--keep-logs", action="store_true", help="print where worker logs are")
     args = p.parse_args(argv)
     if args.steps < 1 or args.steps > 998:
@@ -220,6 +228,40 @@ def wait_ready(app: Any, worker: Worker, timeout: float = 180.0) -> None:
 # --- the two sides --------------------------------------------------------
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU of the live processes in a process group (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        # after the command: state ppid pgrp session tty tpgid flags minflt cminflt
+        # majflt cmajflt utime stime
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def machine_busy_seconds() -> float:
+    """CPU time all cores spent busy (not idle or iowait) since boot: /proc/stat."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    busy = sum(values[:8]) - idle  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def self_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 @dataclass
 class Side:
     """One side of the comparison: how to run a turn, and its timings."""
@@ -228,21 +270,37 @@ class Side:
     run_turn: Callable[[], None]
     worker: Worker
     seconds: list[float] = field(default_factory=list)
+    worker_cpu: float = 0.0
+    client_cpu: float = 0.0
+    machine_cpu: float = 0.0
 
     def timed(self, steps: int) -> float:
         self.worker.check()
+        worker_cpu, client_cpu = group_cpu_seconds(self.worker.proc.pid), self_cpu_seconds()
+        machine_cpu = machine_busy_seconds()
         start = time.perf_counter()
         self.run_turn()
         elapsed = time.perf_counter() - start
+        self.machine_cpu += machine_busy_seconds() - machine_cpu
+        self.worker_cpu += group_cpu_seconds(self.worker.proc.pid) - worker_cpu
+        self.client_cpu += self_cpu_seconds() - client_cpu
         self.seconds.append(elapsed)
         return elapsed * 1000 / steps
 
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.worker_cpu = self.client_cpu = self.machine_cpu = 0.0
 
-def chorus_turn(client: Any, agent: str, steps: int, timeout: float) -> Callable[[], None]:
+
+def chorus_turn(
+    client: Any, agent: str, steps: int, timeout: float, job_ids: list[str]
+) -> Callable[[], None]:
     expected = f"done after {steps} steps"
 
     def run() -> None:
-        output = client.submit(agent, f"steps={steps}").result(timeout=timeout)
+        job = client.submit(agent, f"steps={steps}")
+        job_ids.append(job.id)
+        output = job.result(timeout=timeout)
         if output != expected:
             raise RuntimeError(f"chorus turn answered {output!r}, expected {expected!r}")
 
@@ -267,16 +325,89 @@ def raw_turn(tasks: Any, prefix: str, steps: int, timeout: float) -> Callable[[]
 
 
 def report(sides: list[Side], steps: int) -> None:
-    per_step = {s.name: [t * 1000 / steps for t in s.seconds] for s in sides}
+    """The table: wall ms per step (median, min, max) and CPU ms per step:
+    the worker's process group, this client process, and the whole machine
+    (every core, every process: Postgres and Redis included, and any
+    unrelated load)."""
     print()
-    print(f"{'':<12} {'turns':>5} {'steps':>5} {'median ms/step':>15} {'min':>8} {'max':>8}")
-    for name, values in per_step.items():
+    print(
+        f"{'':<12} {'turns':>5} {'steps':>5} {'median ms/step':>15} {'min':>8} {'max':>8}"
+        f"   cpu ms/step: {'worker':>7} {'client':>7} {'machine':>8}"
+    )
+    medians = []
+    for side in sides:
+        values = [t * 1000 / steps for t in side.seconds]
+        medians.append(statistics.median(values))
+        done = len(values) * steps
         print(
-            f"{name:<12} {len(values):>5} {steps:>5} {statistics.median(values):>15.2f} "
+            f"{side.name:<12} {len(values):>5} {steps:>5} {medians[-1]:>15.2f} "
             f"{min(values):>8.2f} {max(values):>8.2f}"
+            f"{'':>15}{side.worker_cpu * 1000 / done:>7.1f} {side.client_cpu * 1000 / done:>7.1f}"
+            f" {side.machine_cpu * 1000 / done:>8.1f}"
         )
-    chorus, raw = (statistics.median(v) for v in per_step.values())
-    print(f"{'ratio':<12} {'':>5} {'':>5} {chorus / raw:>15.2f}   (chorus / raw)")
+    print(f"{'ratio':<12} {'':>5} {'':>5} {medians[0] / medians[1]:>15.2f}   (chorus / raw)")
+    print(f"({os.cpu_count()} cores; wall = submit to result seen by the client, / steps)")
+
+
+#: Stored events that bound the phases of a Chorus step.
+_PHASE_EVENTS = ("llm.requested", "llm.completed", "tool.started", "tool.completed")
+
+
+def chorus_phases(client: Any, job_ids: list[str]) -> None:
+    """Where a Chorus step's wall time goes, from the stored events' times.
+
+    Per tool step s: model (llm.requested → llm.completed), to tools
+    (llm.completed → first tool.started: persist, dispatch, broker hop),
+    tools (first tool.started → last tool.completed), and back to the model
+    (last tool.completed → llm.requested of step s+1: chord counter,
+    ``chorus.advance``, ``chorus.step`` start, history load).
+    """
+    from sqlmodel import col, select
+
+    from orchestrator.store.tables import EventRow
+
+    if not job_ids:
+        return
+    with client.runtime.session() as session:
+        rows = session.exec(
+            select(EventRow.turn_id, EventRow.step, EventRow.name, EventRow.created_at).where(
+                col(EventRow.turn_id).in_(job_ids), col(EventRow.name).in_(_PHASE_EVENTS)
+            )
+        ).all()
+    first: dict[tuple[str | None, int | None, str], float] = {}
+    last: dict[tuple[str | None, int | None, str], float] = {}
+    for turn_id, step, name, created in rows:
+        key, t = (turn_id, step, name), created.timestamp()
+        first[key] = min(first.get(key, t), t)
+        last[key] = max(last.get(key, t), t)
+    phases: dict[str, list[float]] = {
+        "model call (litellm, scripted)": [],
+        "persist + dispatch + hop to tools": [],
+        "tool batch (4 in parallel)": [],
+        "chord + advance + hop to next step": [],
+    }
+    for (turn_id, step, name), t_req in first.items():
+        if name != "llm.requested" or step is None:
+            continue
+        try:
+            points = (
+                t_req,
+                first[(turn_id, step, "llm.completed")],
+                first[(turn_id, step, "tool.started")],
+                last[(turn_id, step, "tool.completed")],
+                first[(turn_id, step + 1, "llm.requested")],
+            )
+        except KeyError:
+            continue  # the closing step: no tools
+        for values, (a, b) in zip(phases.values(), itertools.pairwise(points), strict=True):
+            values.append((b - a) * 1000)
+    if not any(phases.values()):
+        return
+    print("\nchorus step phases (stored event times), ms: median / mean")
+    for phase, values in phases.items():
+        print(f"  {phase:<36} {statistics.median(values):8.2f} {statistics.fmean(values):8.2f}")
+    means = sum(statistics.fmean(v) for v in phases.values())
+    print(f"  {'sum of means':<36} {'':>8} {means:8.2f}")
 
 
 def print_profile(title: str, directory: Path, steps_profiled: int, top: int) -> None:
@@ -311,6 +442,82 @@ def print_profile(title: str, directory: Path, steps_profiled: int, top: int) ->
             )
 
 
+@contextmanager
+def py_spy(binary: str | None, workers: list[Worker], workdir: Path) -> Iterator[dict[str, Path]]:
+    """``py-spy record --gil --nonblocking`` on each worker (and its subprocesses)
+    until the block ends: samples of the thread holding the GIL, without pausing
+    the worker (blocking sampling slowed Chorus 2x)."""
+    outputs: dict[str, Path] = {}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for worker in workers if binary else []:
+            out = outputs[worker.name] = workdir / f"pyspy-{worker.name}.txt"
+            cmd = [str(binary), "record", "--pid", str(worker.proc.pid), "--subprocesses"]
+            cmd += ["--rate", str(PY_SPY_RATE), "--format", "raw", "--output", str(out)]
+            cmd += ["--gil", "--nonblocking"]  # GIL holder only: CPU in Python, no pauses
+            log = (workdir / f"pyspy-{worker.name}.log").open("wb")
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        time.sleep(1.0 if procs else 0.0)  # let py-spy attach
+        yield outputs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+PY_SPY_RATE = 200
+_FRAME = re.compile(r"^(?P<fn>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+def _frame_key(frame: str) -> str:
+    found = _FRAME.match(frame.strip())
+    if not found:
+        return frame.strip()
+    filename = found["file"]
+    for marker in ("site-packages/", str(REPO) + "/", "/lib/python3.11/"):
+        if marker in filename:
+            filename = filename.split(marker, 1)[1]
+            break
+    return f"{found['fn']} ({filename})"
+
+
+def print_py_spy(title: str, path: Path, steps: int, top: int) -> None:
+    """Self and inclusive on-CPU time per step from a py-spy raw (collapsed) file."""
+    if not path.exists():
+        print(f"\n[{title}] py-spy wrote nothing (see {path.with_suffix('.log')})")
+        return
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [_frame_key(f) for f in stack.split(";") if f]
+        if frames:
+            own[frames[-1]] = own.get(frames[-1], 0) + count
+        for key in set(frames):
+            inclusive[key] = inclusive.get(key, 0) + count
+
+    def ms(samples: int) -> float:
+        return samples * 1000 / PY_SPY_RATE / steps
+
+    print(f"\n[{title}] py-spy: {ms(total):.1f} ms/step holding the GIL (on-CPU Python)")
+    for heading, table in (("self", own), ("inclusive", inclusive)):
+        print(f"  -- top {top} {heading}: ms/step")
+        for key, samples in sorted(table.items(), key=lambda kv: kv[1], reverse=True)[:top]:
+            print(f"  {ms(samples):>8.2f}  {key[:120]}")
+
+
 # --- main -----------------------------------------------------------------
 
 
@@ -320,13 +527,27 @@ def _raise_exit(signum: int, _frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-"))
+    try:
+        code = run(args, workdir)
+    except BaseException:
+        print(f"worker logs in {workdir}", file=sys.stderr)
+        raise
+    if args.keep_logs:
+        print(f"worker logs and profiles in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return code
+
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
+    """Start the services and workers, time both sides, print the results."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_exit)
     run_id = secrets.token_hex(4)
     redis_url = os.environ.get("CHORUS_REDIS_URL") or DEFAULT_REDIS
     chorus_prefix, raw_prefix = f"chorus-bench-{run_id}", f"chorus-bench-raw-{run_id}"
     bindir = Path(sys.executable).parent
-    workdir = Path(tempfile.mkdtemp(prefix=f"chorus-bench-{run_id}-"))
 
     with ExitStack() as stack:
         db_url = stack.enter_context(database(args.admin_url, run_id))
@@ -411,10 +632,11 @@ def main(argv: list[str] | None = None) -> int:
         wait_ready(tasks.app, raw_worker)
         print(f"workers ready in {time.monotonic() - t0:.1f}s", flush=True)
 
+        job_ids: list[str] = []
         sides = [
             Side(
                 "chorus",
-                chorus_turn(client, tasks.AGENT, args.steps, args.turn_timeout),
+                chorus_turn(client, tasks.AGENT, args.steps, args.turn_timeout, job_ids),
                 chorus_worker,
             ),
             Side(
@@ -424,15 +646,20 @@ def main(argv: list[str] | None = None) -> int:
         for side in sides:
             ms = side.timed(args.steps)
             print(f"warm-up  {side.name:<11} {ms:8.2f} ms/step (excluded)", flush=True)
-            side.seconds.clear()
+            side.reset()
+        job_ids.clear()
         if args.profile:
             for directory in profile_dirs.values():
                 (directory / "on").touch()
-        for turn in range(args.turns):
-            for side in sides:
-                ms = side.timed(args.steps)
-                print(f"turn {turn + 1:<3} {side.name:<11} {ms:8.2f} ms/step", flush=True)
+        with py_spy(args.py_spy, [chorus_worker, raw_worker], workdir) as samples:
+            for turn in range(args.turns):
+                for side in sides:
+                    ms = side.timed(args.steps)
+                    print(f"turn {turn + 1:<3} {side.name:<11} {ms:8.2f} ms/step", flush=True)
         report(sides, args.steps)
+        chorus_phases(client, job_ids)
+        for name, path in samples.items():
+            print_py_spy(f"{name} worker", path, args.turns * args.steps, args.profile_top)
 
         if args.profile:
             # stop the workers now so that they write their profiles
@@ -440,10 +667,6 @@ def main(argv: list[str] | None = None) -> int:
             steps_profiled = args.turns * args.steps
             print_profile("chorus worker", profile_dirs["chorus"], steps_profiled, args.profile_top)
             print_profile("raw worker", profile_dirs["raw"], steps_profiled, args.profile_top)
-    if args.keep_logs:
-        print(f"worker logs and profiles in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -8,6 +8,7 @@ broker and canvas machinery, not eager mode.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -73,6 +74,9 @@ def in_process_worker(settings: Settings, concurrency: int = 16) -> Iterator[Any
     finally:
         worker.stop(in_sighandler=False)
         thread.join(10)
+        # Chord results hold Redis subscriptions until collected; collect them
+        # while the embedded Redis still runs, not at interpreter exit.
+        gc.collect()
 
 
 @contextmanager

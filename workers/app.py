@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery._state import _set_task_join_will_block
+from celery.signals import worker_process_init, worker_ready
 
 from orchestrator import registry
 from orchestrator.celery_conf import make_celery
@@ -20,6 +21,14 @@ def _forget_inherited_engines(**_: Any) -> None:
     get_engine.cache_clear()
 
 
+def no_result_subscriptions(**_: Any) -> None:
+    """Tasks never wait on results (state lives in Postgres), so the Redis
+    backend need not SUBSCRIBE to every chord part a worker sends. Prefork
+    already works this way; threads and gevent pools would otherwise keep
+    one subscription per dispatched tool call."""
+    _set_task_join_will_block(True)
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     """A Celery app with the Chorus tasks, importing ``settings.modules``."""
     settings = settings or load_settings()
@@ -27,4 +36,5 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = make_celery(settings)
     register_tasks(app, Runtime(settings))
     worker_process_init.connect(_forget_inherited_engines, weak=False)
+    worker_ready.connect(no_result_subscriptions, weak=False)
     return app

@@ -1,0 +1,87 @@
+"""The `chorus` command line, run as a user would run it."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import Settings
+from tests.conftest import ROOT, worker_env
+
+CHORUS = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def run(
+    args: list[str], env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CHORUS, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_help_is_fast_and_does_not_import_litellm() -> None:
+    probe = "import sys, orchestrator.cli; assert 'litellm' not in sys.modules, 'litellm imported'"
+    subprocess.run([sys.executable, "-c", probe], check=True, cwd=ROOT)
+    out = run(["--help"], dict(os.environ))
+    assert out.returncode == 0
+    for command in ("worker", "beat", "submit", "status", "events", "db", "local"):
+        assert command in out.stdout
+
+
+def test_local_runs_the_example_on_the_embedded_default(tmp_path: Path) -> None:
+    # Given no Redis or Postgres configured
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
+    env.update(CHORUS_STATE_DIR=str(tmp_path), LITELLM_LOCAL_MODEL_COST_MAP="True")
+
+    # When the README's main command runs
+    out = run(["local"], env)
+
+    # Then the example job completes end to end and says where its state lives
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = " ".join(out.stdout.split())
+    assert "completed job" in text
+    assert "Casa do Rio" in text and "Booked: BK-" in text
+    assert str(tmp_path / "chorus.db") in text
+    with sqlite3.connect(tmp_path / "chorus.db") as db:
+        kinds = [k for (k,) in db.execute("select kind from chorus_message order by id")]
+        (tools,) = db.execute(
+            "select count(*) from chorus_tool_call where status='completed'"
+        ).fetchone()
+    assert kinds == ["input", "assistant", "tool_results", "assistant"]
+    assert tools == 4
+
+
+@pytest.mark.integration
+def test_submit_follow_status_and_events_against_the_fleet(
+    settings: Settings, workers: Any
+) -> None:
+    env = worker_env(settings)
+    out = run(["submit", "trip-planner", "Lisbon for three nights", "--follow"], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "turn.completed" in out.stdout and "tool.completed" in out.stdout
+    assert "Casa do Rio" in out.stdout
+    job_id = re.search(r"job ([0-9a-f]{32})", out.stdout).group(1)  # type: ignore[union-attr]
+
+    status = run(["status", job_id], env)
+    assert (
+        status.returncode == 0 and "completed" in status.stdout and "Casa do Rio" in status.stdout
+    )
+
+    events = run(["events", job_id], env)
+    assert events.returncode == 0
+    assert events.stdout.count('"name": "tool.completed"') == 4
+    assert '"name": "turn.completed"' in events.stdout
