@@ -32,13 +32,26 @@ dropped at the end. One warm-up turn per side is excluded from timing
 two sides alternate, so drift on the machine hits both alike. Each Chorus
 turn is a new conversation (history grows within a turn, as in real use).
 
-``--profile`` additionally runs cProfile around every task of both workers
-(after the warm-up) and prints where the time goes per step.
+Beside wall time the table shows CPU ms per step of each worker's process
+group, of this client process, and of the whole machine (all cores, every
+process: Postgres and Redis included, and whatever else runs). It then
+splits a Chorus step's wall time into phases from the stored events' times
+(model call; persist + dispatch + hop to the tools; the tool batch; chord +
+``chorus.advance`` + hop to the next step).
+
+Profiling (after the warm-up, timed turns only):
+
+- ``--profile``: cProfile around every task of both workers (one profiler
+  per pool thread, wall clock by default, ``--profile-timer cpu`` for
+  per-thread CPU); both distort the timings (cProfile costs ~1.5-2x).
+- ``--py-spy BIN``: ``py-spy record --gil --nonblocking`` on both workers:
+  where the Python CPU goes, with little distortion.
 
 Run from the repo root::
 
     .venv/bin/python bench/step_overhead.py
     .venv/bin/python bench/step_overhead.py --steps 20 --turns 5 --pool threads -c 8 --profile
+    .venv/bin/python bench/step_overhead.py --turns 5 --py-spy "$(command -v py-spy)"
 """
 
 from __future__ import annotations

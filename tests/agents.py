@@ -160,3 +160,26 @@ register_script(
     [Reply.call(call("whoami")), echo_results, _count_user_texts, _count_user_texts],
 )
 Agent("chatty", scripted_model("chatty"), tools=[whoami])
+
+
+# -- the sweeper: a whole worker dies, its unacked tasks stay with Redis ------
+
+
+@tool(timeout=3.0)
+def brief(label: str, seconds: float = 2.0) -> dict[str, Any]:
+    """Sleep a little (its timeout is short, so a lost call is soon stalled).
+
+    Args:
+        label: a name for this call.
+        seconds: how long to sleep.
+    """
+    start = time.time()
+    time.sleep(seconds)
+    return {"label": label, "start": start, "end": time.time()}
+
+
+register_script(
+    "fragile-batch",
+    [Reply.call(*(call("brief", label=f"f{i}") for i in range(2))), echo_results],
+)
+Agent("fragile-batch", scripted_model("fragile-batch"), tools=[brief])

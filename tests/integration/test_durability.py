@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -16,7 +18,7 @@ from orchestrator.engine.actions import RunSegment, RunStep
 from orchestrator.engine.step import new_lease_owner
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
 from schemas import JobRequest
-from tests.conftest import WorkerProcess
+from tests.conftest import ROOT, WorkerProcess, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -105,3 +107,43 @@ def test_two_concurrent_advances_move_the_cursor_once(client: Client) -> None:
     with rt.session() as s:
         kinds = s.exec(select(MessageRow.kind).where(MessageRow.turn_id == ref.job_id)).all()
     assert sorted(kinds) == ["assistant", "input", "tool_results"]
+
+
+def test_sweeper_recovers_a_turn_whose_worker_died_whole(
+    settings: Any, client: Client, workers: dict[str, WorkerProcess]
+) -> None:
+    # Given beat running the sweeper, and a batch running on the tools worker
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "beat", "-l", "WARNING"],
+        cwd=ROOT,
+        env=worker_env(settings),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        job = client.submit("fragile-batch", "go")
+        deadline = time.monotonic() + 30
+        while len(_running_calls(client, job.id)) < 2:
+            assert time.monotonic() < deadline, "the batch never started"
+            time.sleep(0.05)
+
+        # When the whole worker (main process and pool) is SIGKILLed: its
+        # unacked messages stay invisible in Redis for the visibility timeout
+        os.killpg(workers["tools"].proc.pid, signal.SIGKILL)
+        workers["tools"].proc.wait(10)
+        workers["tools"] = WorkerProcess(
+            settings, "tools2", "-Q", "tools", "-P", "prefork", "-c", "4"
+        )
+        workers["tools"].wait_ready(client)
+
+        # Then the sweeper re-dispatches the stalled segment and the turn completes
+        answer = job.result(timeout=90)
+    finally:
+        beat.terminate()
+        beat.wait(10)
+    with client.runtime.session() as s:
+        calls = s.exec(select(ToolCallRow).where(ToolCallRow.turn_id == job.id)).all()
+    assert sorted(c.result["label"] for c in calls) == ["f0", "f1"]
+    assert all(c.status == "completed" and c.attempts == 2 for c in calls)
+    assert "f0" in answer and "f1" in answer
