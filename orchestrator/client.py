@@ -148,11 +148,7 @@ class Job:
         :class:`~orchestrator.errors.JobFailedError` if the turn failed or
         was cancelled.
         """
-        status = self.status()
-        if not status.status.finished:
-            for _ in self.events(timeout=timeout, deltas=False):
-                pass
-            status = self.status()
+        status = _wait_end(self, timeout)
         if status.status is not TurnStatus.COMPLETED:
             raise JobFailedError(self.id, status.status.value, status.error)
         return status.output or ""
@@ -192,6 +188,36 @@ def _is_end(job: Job, event: Event) -> bool:
     )
 
 
+def _stream_tail(rt: Runtime, stream: str) -> str:
+    tail: Any = rt.redis.xrevrange(stream, count=1)
+    return str(tail[0][0]) if tail else "0-0"
+
+
+def _wait_end(job: Job, timeout: float | None) -> JobStatus:
+    """Wait for the turn's terminal event on the stream, reading Postgres
+    once a quiet second (and at the end), not once an event."""
+    rt = job._client.runtime
+    deadline = None if timeout is None else time.monotonic() + timeout
+    stream = events_stream(rt.settings.redis_prefix, job.root_id)
+    cursor = _stream_tail(rt, stream)
+    while True:
+        status = job.status()
+        if status.status.finished:
+            return status
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError(f"job {job.id} did not finish within {timeout}s")
+        block = 1000 if remaining is None else max(1, int(min(1.0, remaining) * 1000))
+        while True:
+            reply: Any = rt.redis.xread({stream: cursor}, count=500, block=block)
+            if not reply:
+                break
+            entries = reply[0][1]
+            cursor = entries[-1][0]
+            if any(job.id in f["e"] and '"turn.' in f["e"] for _, f in entries):
+                break
+
+
 def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterator[Event]:
     """Postgres is read for every stored event, so order and completeness
     never depend on Redis; the stream wakes the follower and carries deltas."""
@@ -202,8 +228,7 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
         correlation_id = turn.correlation_id
     deadline = None if timeout is None else time.monotonic() + timeout
     stream = events_stream(rt.settings.redis_prefix, job.root_id)
-    tail: Any = rt.redis.xrevrange(stream, count=1)
-    cursor: str = tail[0][0] if tail else "0-0"
+    cursor = _stream_tail(rt, stream)
     stale = True
     while True:
         if stale:

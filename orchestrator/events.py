@@ -40,41 +40,61 @@ def row_to_event(row: EventRow) -> Event:
 
 @dataclass
 class Outbox:
-    """Events of one transaction, published once it committed."""
+    """Events of one transaction: numbered and stored just before it commits
+    (:meth:`flush`), published once it has (:meth:`publish`).
 
+    Reserving every sequence number of the transaction with one update of
+    the root row keeps that row's lock short: concurrent tool calls of one
+    tree queue on it only for the commit, not for the whole transaction.
+    """
+
+    pending: list[EventRow] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
 
     def record(
         self,
-        session: Session,
         name: EventName,
         conv: Conversation,
         turn: Turn,
         step: int | None = None,
         **data: Any,
-    ) -> Event:
-        """Store an event about ``conv`` in ``turn`` with the root's next sequence."""
-        seq = session.execute(
-            update(Conversation)
-            .where(col(Conversation.id) == conv.root_id)
-            .values(event_seq=col(Conversation.event_seq) + 1)
-            .returning(col(Conversation.event_seq))
-        ).scalar_one()
-        row = EventRow(
-            root_id=conv.root_id,
-            seq=seq,
-            name=name.value,
-            conversation_id=conv.id,
-            turn_id=turn.id,
-            step=step,
-            correlation_id=turn.correlation_id,
-            data=data,
-            created_at=utcnow(),
+    ) -> None:
+        """Add an event about ``conv`` in ``turn`` to this transaction."""
+        self.pending.append(
+            EventRow(
+                root_id=conv.root_id,
+                seq=0,
+                name=name.value,
+                conversation_id=conv.id,
+                turn_id=turn.id,
+                step=step,
+                correlation_id=turn.correlation_id,
+                data=data,
+                created_at=utcnow(),
+            )
         )
-        session.add(row)
-        event = row_to_event(row)
-        self.events.append(event)
-        return event
+
+    def discard(self) -> None:
+        """Forget the pending events (their transaction is rolled back)."""
+        self.pending.clear()
+
+    def flush(self, session: Session) -> None:
+        """Number the pending events per root and add them to ``session``."""
+        roots: dict[str, list[EventRow]] = {}
+        for row in self.pending:
+            roots.setdefault(row.root_id, []).append(row)
+        for root_id, rows in roots.items():
+            last = session.execute(
+                update(Conversation)
+                .where(col(Conversation.id) == root_id)
+                .values(event_seq=col(Conversation.event_seq) + len(rows))
+                .returning(col(Conversation.event_seq))
+            ).scalar_one()
+            for offset, row in enumerate(rows):
+                row.seq = last - len(rows) + 1 + offset
+            session.add_all(rows)
+        self.events.extend(row_to_event(r) for r in self.pending)
+        self.pending.clear()
 
     def publish(self, client: redis.Redis, prefix: str, maxlen: int) -> None:
         """Send to the live streams; a Redis failure is logged, never raised:

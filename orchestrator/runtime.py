@@ -35,6 +35,16 @@ class Runtime:
         with session_scope(self.settings.db_url) as s:
             yield s
 
+    @contextmanager
+    def transaction(self) -> Iterator[tuple[Session, Outbox]]:
+        """A session and the outbox of its events: the events are stored in
+        the same commit and published to Redis after it."""
+        outbox = Outbox()
+        with session_scope(self.settings.db_url) as s:
+            yield s, outbox
+            outbox.flush(s)
+        self.publish(outbox)
+
     def publish(self, outbox: Outbox) -> None:
         outbox.publish(self.redis, self.settings.redis_prefix, self.settings.event_stream_maxlen)
 

@@ -65,7 +65,6 @@ def finish_turn(
     if error is not None:
         data["error"] = error
     outbox.record(
-        session,
         _END_EVENTS[status],
         conv,
         turn,

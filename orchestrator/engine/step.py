@@ -16,7 +16,6 @@ from orchestrator.engine.actions import Action, RunSegment, ToolTask
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import load_history
 from orchestrator.errors import ModelError, UnknownToolError
-from orchestrator.events import Outbox
 from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, utcnow
@@ -55,8 +54,7 @@ def run_step(
 ) -> list[Action]:
     """Call the model for ``step`` unless another copy holds the lease or
     the cursor has moved on; persist the reply and return what runs next."""
-    outbox = Outbox()
-    with rt.session() as session:
+    with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         if conv is None or not is_current(conv, turn_id, step, -1):
             return []
@@ -75,12 +73,9 @@ def run_step(
                 TurnStatus.FAILED,
                 error=f"no final answer within max_steps={spec.max_steps}",
             )
-            session.commit()
-            rt.publish(outbox)
             return []
         history = context.apply(load_history(session, conv.id))
         outbox.record(
-            session,
             EventName.LLM_REQUESTED,
             conv,
             turn,
@@ -89,7 +84,6 @@ def run_step(
         )
         correlation_id = turn.correlation_id
         root_id = conv.root_id
-    rt.publish(outbox)
 
     tools = []
     for name in spec.tools:
@@ -164,14 +158,12 @@ def _load_owned(
 def _model_failed(
     rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str, exc: ModelError
 ) -> list[Action]:
-    outbox = Outbox()
-    with rt.session() as session:
+    with rt.transaction() as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
         conv, turn = loaded
         outbox.record(
-            session,
             EventName.LLM_FAILED,
             conv,
             turn,
@@ -183,7 +175,6 @@ def _model_failed(
         finish_turn(
             session, outbox, conv, turn, TurnStatus.FAILED, error=f"model call failed: {exc}"
         )
-    rt.publish(outbox)
     return []
 
 
@@ -214,8 +205,7 @@ def _persist(
     reply: ModelReply,
     seconds: float,
 ) -> list[Action]:
-    outbox = Outbox()
-    with rt.session() as session:
+    with rt.transaction() as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
@@ -254,9 +244,8 @@ def _persist(
         turn.input_tokens += usage.input_tokens
         turn.output_tokens += usage.output_tokens
         turn.cost_usd += usage.cost_usd
-        outbox.record(session, EventName.LLM_COMPLETED, conv, turn, step, seconds=round(seconds, 4))
+        outbox.record(EventName.LLM_COMPLETED, conv, turn, step, seconds=round(seconds, 4))
         outbox.record(
-            session,
             EventName.USAGE,
             conv,
             turn,
@@ -266,7 +255,6 @@ def _persist(
             step=step,
         )
         outbox.record(
-            session,
             EventName.ASSISTANT_MESSAGE,
             conv,
             turn,
@@ -292,7 +280,6 @@ def _persist(
             )
             session.add(row)
             outbox.record(
-                session,
                 EventName.TOOL_REQUESTED,
                 conv,
                 turn,
@@ -307,10 +294,10 @@ def _persist(
         if not has_calls and not finish_turn(
             session, outbox, conv, turn, TurnStatus.COMPLETED, output=reply.text, **values
         ):
+            outbox.discard()
             session.rollback()
             return []
         session.add(turn)
-    rt.publish(outbox)
     if not has_calls:
         return []
     return [RunSegment(conversation_id, turn_id, step, 0, tuple(tasks))]

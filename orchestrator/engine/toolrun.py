@@ -11,7 +11,6 @@ from sqlmodel import col
 
 from orchestrator import registry
 from orchestrator.errors import ChorusError, InvalidRequestError
-from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, utcnow
 from orchestrator.tools import ToolContext
@@ -53,8 +52,7 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
     """Run the call unless it already has a result (a redelivered copy) or
     its turn has ended. The first result written wins; later copies' are
     dropped, so each call has exactly one result."""
-    outbox = Outbox()
-    with rt.session() as session:
+    with rt.transaction() as (session, outbox):
         call = session.get(ToolCallRow, call_id)
         if call is None or call.status in FINISHED:
             return
@@ -68,7 +66,6 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
         call.task_id = task_id
         session.add(call)
         outbox.record(
-            session,
             EventName.TOOL_STARTED,
             conv,
             turn,
@@ -84,12 +81,11 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
             tool_request_id=call.tool_request_id,
             context_data=dict(turn.context_data),
         )
-    rt.publish(outbox)
 
     result, is_error = _execute(call, ctx)
     result = _cap(result, rt.settings.max_tool_result_chars)
 
-    with rt.session() as session:
+    with rt.transaction() as (session, outbox):
         written = session.execute(
             update(ToolCallRow)
             .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(FINISHED))
@@ -103,7 +99,6 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
         if written.rowcount != 1:  # type: ignore[attr-defined]
             return
         outbox.record(
-            session,
             EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
             conv,
             turn,
@@ -112,4 +107,3 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
             result=result,
             step=call.step,
         )
-    rt.publish(outbox)

@@ -12,7 +12,6 @@ from orchestrator import registry
 from orchestrator.engine.actions import Action, RunStep
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.errors import ConversationBusyError, ConversationNotFound, InvalidRequestError
-from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, Turn
 from schemas import AgentSpec, ConversationState, EventName, JobRequest, TextBlock
@@ -60,9 +59,8 @@ def start_turn(rt: Runtime, request: JobRequest) -> tuple[TurnRef, list[Action]]
     """
     spec = resolve_agent(request.agent)
     _check_context(request)
-    outbox = Outbox()
     try:
-        with rt.session() as session:
+        with rt.transaction() as (session, outbox):
             found = _existing(session, request.idempotency_key)
             if found:
                 return found, []
@@ -100,7 +98,6 @@ def start_turn(rt: Runtime, request: JobRequest) -> tuple[TurnRef, list[Action]]
             ):
                 raise ConversationBusyError(conv.id)
             outbox.record(
-                session,
                 EventName.TURN_STARTED,
                 conv,
                 turn,
@@ -115,7 +112,6 @@ def start_turn(rt: Runtime, request: JobRequest) -> tuple[TurnRef, list[Action]]
         if found is None:
             raise
         return found, []
-    rt.publish(outbox)
     ref = TurnRef(turn.id, conv.id, conv.root_id)
     return ref, [RunStep(conv.id, turn.id, 0)]
 
