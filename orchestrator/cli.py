@@ -88,6 +88,44 @@ def beat(loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO") ->
     create_app(settings).start(["beat", "-l", loglevel, "-s", schedule])
 
 
+@app.command()
+def ping(
+    node: Annotated[str, typer.Option("--node", "-n", help="The worker's node name.")],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the reply.")] = 5.0,
+) -> None:
+    """Exit 0 if the worker NODE answers a Celery ping (a liveness probe).
+
+    Goes through the Chorus broker settings (key prefix included), which a
+    bare `celery inspect ping` would not.
+    """
+    from orchestrator.celery_conf import make_celery
+
+    celery = make_celery(_settings(), main="chorus-ping")
+    try:
+        replies = celery.control.ping(destination=[node], timeout=timeout)
+    finally:
+        celery.close()
+    if not replies:
+        console.print(f"[red]no reply from {node} within {timeout:g}s[/]")
+        raise typer.Exit(1)
+    console.print(f"{node}: pong")
+
+
+@app.command()
+def metrics(
+    port: Annotated[int, typer.Option(help="Port of the /metrics endpoint.")] = 9108,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+) -> None:
+    """Serve Prometheus metrics: turns, tool and model calls, latencies,
+    tokens, cost (from the events in Postgres) and queue depths (Redis)."""
+    from orchestrator.metrics import serve
+    from orchestrator.runtime import Runtime
+
+    settings = _settings()
+    console.print(f"metrics on http://{host}:{port}/metrics")
+    serve(Runtime(settings), host, port)
+
+
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Apply the migrations to CHORUS_DATABASE_URL (or the embedded SQLite file)."""

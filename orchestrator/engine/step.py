@@ -54,6 +54,7 @@ def run_step(
 ) -> list[Action]:
     """Call the model for ``step`` unless another copy holds the lease or
     the cursor has moved on; persist the reply and return what runs next."""
+    began = time.monotonic()
     with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         if conv is None or not is_current(conv, turn_id, step, -1):
@@ -119,7 +120,7 @@ def run_step(
         )
     except ModelError as exc:
         return _model_failed(rt, conversation_id, turn_id, step, owner, exc)
-    return _persist(rt, conversation_id, turn_id, step, owner, reply, time.monotonic() - started)
+    return _persist(rt, conversation_id, turn_id, step, owner, reply, (started, began))
 
 
 class _LeaseRenewer:
@@ -203,8 +204,10 @@ def _persist(
     step: int,
     owner: str,
     reply: ModelReply,
-    seconds: float,
+    clocks: tuple[float, float],
 ) -> list[Action]:
+    """``clocks``: monotonic times the model call and the step task began."""
+    model_began, step_began = clocks
     with rt.transaction() as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
@@ -244,7 +247,15 @@ def _persist(
         turn.input_tokens += usage.input_tokens
         turn.output_tokens += usage.output_tokens
         turn.cost_usd += usage.cost_usd
-        outbox.record(EventName.LLM_COMPLETED, conv, turn, step, seconds=round(seconds, 4))
+        now = time.monotonic()
+        outbox.record(
+            EventName.LLM_COMPLETED,
+            conv,
+            turn,
+            step,
+            seconds=round(now - model_began, 4),
+            step_seconds=round(now - step_began, 4),
+        )
         outbox.record(
             EventName.USAGE,
             conv,
