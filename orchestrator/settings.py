@@ -59,6 +59,10 @@ class Settings(BaseSettings):
         default=10_000, description="Approximate cap of each root's live Redis Stream."
     )
     max_input_chars: int = Field(default=200_000, description="Largest accepted job input.")
+    log_level: str = Field(default="INFO", description="Level of worker and CLI logs.")
+    log_format: str = Field(
+        default="text", pattern="^(text|json)$", description="`text` or `json` lines."
+    )
     max_tool_result_chars: int = Field(
         default=100_000, description="Tool results longer than this are truncated."
     )

@@ -57,6 +57,7 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
         CHORUS_SWEEP_INTERVAL=str(settings.sweep_interval),
         PYTHONPATH=str(ROOT),
         OPENAI_API_KEY="sk-test-not-a-secret",
+        CHORUS_LOG_FORMAT="json",
         LITELLM_LOCAL_MODEL_COST_MAP="True",
     )
     env.update(extra)

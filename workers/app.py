@@ -6,10 +6,11 @@ from typing import Any
 
 from celery import Celery
 from celery._state import _set_task_join_will_block
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import setup_logging, worker_process_init, worker_ready
 
 from orchestrator import registry
 from orchestrator.celery_conf import make_celery
+from orchestrator.logs import setup_logging as configure_logging
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.db import get_engine
@@ -37,4 +38,10 @@ def create_app(settings: Settings | None = None) -> Celery:
     register_tasks(app, Runtime(settings))
     worker_process_init.connect(_forget_inherited_engines, weak=False)
     worker_ready.connect(no_result_subscriptions, weak=False)
+
+    def _logging(loglevel: str | int | None = None, **_: Any) -> None:
+        # Connecting this signal tells Celery to leave logging to us.
+        configure_logging(loglevel or settings.log_level, settings.log_format)
+
+    setup_logging.connect(_logging, weak=False)
     return app

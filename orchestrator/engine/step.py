@@ -17,6 +17,7 @@ from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import load_history
 from orchestrator.errors import ModelError, UnknownToolError
 from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
+from orchestrator.logs import bind, redact
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, utcnow
 from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, TurnStatus
@@ -64,6 +65,7 @@ def run_step(
             return []
         turn = session.get(Turn, turn_id)
         assert turn is not None
+        bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
         spec = AgentSpec.model_validate(conv.agent_spec)
         if step >= spec.max_steps:
             finish_turn(
@@ -169,12 +171,17 @@ def _model_failed(
             conv,
             turn,
             step=step,
-            error=str(exc),
+            error=redact(str(exc)),
             status=exc.status,
-            body=exc.body,
+            body=redact(exc.body or ""),
         )
         finish_turn(
-            session, outbox, conv, turn, TurnStatus.FAILED, error=f"model call failed: {exc}"
+            session,
+            outbox,
+            conv,
+            turn,
+            TurnStatus.FAILED,
+            error=redact(f"model call failed: {exc}"),
         )
     return []
 
@@ -309,6 +316,7 @@ def _persist(
             session.rollback()
             return []
         session.add(turn)
+    log.info("step %d: model answered with %d tool calls", step, len(reply.tool_calls))
     if not has_calls:
         return []
     return [RunSegment(conversation_id, turn_id, step, 0, tuple(tasks))]

@@ -11,6 +11,7 @@ from sqlmodel import col
 
 from orchestrator import registry
 from orchestrator.errors import ChorusError, InvalidRequestError
+from orchestrator.logs import bind
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, utcnow
 from orchestrator.tools import ToolContext
@@ -60,6 +61,14 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
         conv = session.get(Conversation, call.conversation_id)
         if turn is None or conv is None or turn.status != TurnStatus.RUNNING.value:
             return
+        bind(
+            conversation_id=conv.id,
+            root_id=conv.root_id,
+            turn_id=turn.id,
+            correlation_id=turn.correlation_id,
+            step=call.step,
+            tool=call.tool,
+        )
         call.status = "running"
         call.attempts += 1
         call.started_at = utcnow()
@@ -83,6 +92,7 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
         )
 
     result, is_error = _execute(call, ctx)
+    log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
     result = _cap(result, rt.settings.max_tool_result_chars)
 
     with rt.transaction() as (session, outbox):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -142,3 +143,25 @@ def test_metrics_endpoint_counts_turns_calls_latency_tokens_and_queues(
     assert _value(text, 'chorus_tokens_total{kind="input"}') > 0
     assert _value(text, 'chorus_queue_depth{queue="llm"}') >= 0
     assert 'chorus_model_call_seconds_bucket{le="+Inf"}' in text
+
+
+def test_worker_logs_are_json_with_ids_and_no_secrets(
+    client: Client, workers: dict[str, Any]
+) -> None:
+    job = client.submit("trip-planner", "Lisbon, logged")
+    job.result(timeout=60)
+    time.sleep(0.5)  # let the worker flush its log lines
+    lines = [
+        json.loads(line)
+        for w in workers.values()
+        for line in w.log_path.read_text().splitlines()
+        if line.startswith("{")
+    ]
+    ours = [line for line in lines if line.get("conversation_id") == job.conversation_id]
+    assert any("model answered" in line["message"] for line in ours)
+    tool_lines = [line for line in ours if line.get("tool")]
+    assert {line["tool"] for line in tool_lines} == {"weather", "flights", "hotels", "book_trip"}
+    assert all(line["turn_id"] == job.id and line["root_id"] == job.root_id for line in tool_lines)
+    assert all("correlation_id" in line for line in tool_lines)
+    everything = "\n".join(w.log_path.read_text() for w in workers.values())
+    assert "sk-test-not-a-secret" not in everything
