@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from sqlalchemy import update
-from sqlmodel import col
+from sqlmodel import col, select
 
 from orchestrator import registry
 from orchestrator.errors import ChorusError, InvalidRequestError
@@ -54,12 +54,16 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
     its turn has ended. The first result written wins; later copies' are
     dropped, so each call has exactly one result."""
     with rt.transaction() as (session, outbox):
-        call = session.get(ToolCallRow, call_id)
-        if call is None or call.status in FINISHED:
+        found = session.exec(
+            select(ToolCallRow, Turn, Conversation)
+            .join(Turn, col(Turn.id) == ToolCallRow.turn_id)
+            .join(Conversation, col(Conversation.id) == ToolCallRow.conversation_id)
+            .where(col(ToolCallRow.id) == call_id)
+        ).first()
+        if found is None:
             return
-        turn = session.get(Turn, call.turn_id)
-        conv = session.get(Conversation, call.conversation_id)
-        if turn is None or conv is None or turn.status != TurnStatus.RUNNING.value:
+        call, turn, conv = found
+        if call.status in FINISHED or turn.status != TurnStatus.RUNNING.value:
             return
         bind(
             conversation_id=conv.id,
