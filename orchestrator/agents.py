@@ -15,6 +15,7 @@ def Agent(
     system: str = "",
     tools: list[Tool | str] | tuple[Tool | str, ...] = (),
     *,
+    subagents: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
     max_steps: int = 25,
     model_settings: dict[str, Any] | None = None,
 ) -> AgentSpec:
@@ -25,6 +26,8 @@ def Agent(
         model: a litellm model string, e.g. ``openai/gpt-4o`` or ``scripted/demo``.
         system: the system prompt.
         tools: tools (``@tool`` objects or registered names) the model may call.
+        subagents: agents (specs or registered names) the model may delegate
+            to; each is offered as the tool ``subagent__<name>``.
         max_steps: model calls allowed in one turn before it fails.
         model_settings: extra litellm arguments (``temperature``, ``api_base``);
             never secrets, which litellm reads from the worker's environment.
@@ -34,6 +37,7 @@ def Agent(
         model=model,
         system=system,
         tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
+        subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
         max_steps=max_steps,
         model_settings=model_settings or {},
     )

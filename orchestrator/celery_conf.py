@@ -19,6 +19,7 @@ QUEUES = {
     "chorus.tool": "tools",
     "chorus.advance": "control",
     "chorus.sweep": "control",
+    "chorus.dequeue": "control",
 }
 
 

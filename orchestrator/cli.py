@@ -214,6 +214,27 @@ def events(
         console.print_json(event.model_dump_json())
 
 
+@app.command("cancel")
+def cancel_job(job_id: str) -> None:
+    """Cancel a job and every subagent under it (safe on a finished job)."""
+    from orchestrator.client import Client
+
+    client = Client(_settings())
+    client.cancel(job_id)
+    _report(client.job(job_id))
+
+
+@app.command()
+def send(conversation: str, text: str) -> None:
+    """Send a message to a conversation: runs now if idle, else queued."""
+    from orchestrator.client import Client
+
+    client = Client(_settings())
+    entry = client.send(conversation, text)
+    job = client.job_for_message(conversation, entry)
+    console.print(f"message {entry}: " + (f"job {job.id}" if job else "queued"))
+
+
 @app.command()
 def local(
     agent: Annotated[str, typer.Argument(help="A registered agent.")] = EXAMPLE_AGENT,

@@ -12,6 +12,8 @@ from sqlmodel import col, select
 from orchestrator import registry
 from orchestrator.celery_conf import make_celery
 from orchestrator.dispatch import dispatch
+from orchestrator.engine import conversations, inbox
+from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
 from orchestrator.engine.turns import TurnRef, start_turn
 from orchestrator.errors import ConversationNotFound, InvalidRequestError, JobFailedError
@@ -98,6 +100,55 @@ class Client:
                 raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
             return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id))
 
+    def send(self, conversation_id: str, text: str) -> str:
+        """Send a message to a conversation; returns its queue entry id.
+
+        An idle conversation starts a turn on it at once; a busy one keeps it
+        in its Redis queue (``message.queued``) until the running turn ends,
+        then starts a turn per message, in order (``message.dequeued``).
+        :meth:`job_for_message` finds the job a message started.
+        """
+        entry, actions = inbox.send(self.runtime, conversation_id, text)
+        dispatch(self.celery, actions)
+        return entry
+
+    def job_for_message(self, conversation_id: str, entry_id: str) -> Job | None:
+        """The job a sent message started, or None while it still waits."""
+        key = inbox.idempotency_key(conversation_id, entry_id)
+        with self.runtime.session() as session:
+            turn = session.exec(select(Turn).where(Turn.idempotency_key == key)).first()
+            return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id)) if turn else None
+
+    def clear_queue(self, conversation_id: str) -> int:
+        """Drop the conversation's queued messages (``queue.cleared``); returns how many."""
+        return inbox.clear(self.runtime, conversation_id)
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel a job and every subagent under it; safe on a finished job.
+
+        In-flight model calls stop at their next streamed chunk, queued tool
+        tasks are revoked, unfinished tool calls are recorded cancelled, and
+        every conversation of the tree goes idle (``turn.cancelled``). A tool
+        function already running finishes in its worker; its result is
+        discarded.
+        """
+        revoke, actions = cancel(self.runtime, job_id)
+        if revoke:
+            self.celery.control.revoke(revoke)
+        dispatch(self.celery, actions)
+
+    def fork(self, conversation_id: str) -> str:
+        """A new conversation with a copy of this one's messages; returns its id."""
+        return conversations.fork(self.runtime, conversation_id)
+
+    def clear(self, conversation_id: str) -> int:
+        """Delete the conversation's messages; returns how many."""
+        return conversations.clear(self.runtime, conversation_id)
+
+    def load(self, conversation_id: str, messages: list[Message] | list[dict[str, Any]]) -> int:
+        """Replace the conversation's history with ``messages`` (validated)."""
+        return conversations.load(self.runtime, conversation_id, messages)
+
     def history(self, conversation_id: str) -> list[Message]:
         """Every stored message of the conversation, oldest first."""
         with self.runtime.session() as session:
@@ -120,6 +171,10 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job({self.id!r}, conversation={self.conversation_id!r})"
+
+    def cancel(self) -> None:
+        """Cancel this job and its subagents (see :meth:`Client.cancel`)."""
+        self._client.cancel(self.id)
 
     def status(self) -> JobStatus:
         with self._client.runtime.session() as session:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from celery import Celery, chain, chord, group
+from celery import Celery, Signature, chain, chord, group
 
-from orchestrator.engine.actions import Action, RunSegment, RunStep
+from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment, RunStep
 
 
 def _short(value: str) -> str:
@@ -33,24 +33,41 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
             ).apply_async()
         elif isinstance(action, RunSegment):
             _send_segment(app, action)
+        elif isinstance(action, RunAdvance):
+            _advance(app, action).apply_async()
+        elif isinstance(action, Dequeue):
+            app.signature(
+                "chorus.dequeue",
+                args=(action.conversation_id,),
+                queue="control",
+                ignore_result=True,
+                argsrepr=f"conv={_short(action.conversation_id)}",
+            ).apply_async()
 
 
-def _send_segment(app: Celery, seg: RunSegment) -> None:
-    where = f"conv={_short(seg.conversation_id)} step={seg.step}"
-    advance = app.signature(
+def _advance(app: Celery, seg: RunSegment | RunAdvance) -> Signature:
+    return app.signature(
         "chorus.advance",
         args=(seg.conversation_id, seg.turn_id, seg.step, seg.segment),
         queue="control",
         immutable=True,
         ignore_result=True,
-        argsrepr=f"{where} segment={seg.segment}",
+        argsrepr=f"conv={_short(seg.conversation_id)} step={seg.step} segment={seg.segment}",
     )
+
+
+def _send_segment(app: Celery, seg: RunSegment) -> None:
+    where = f"conv={_short(seg.conversation_id)} step={seg.step}"
+    advance = _advance(app, seg)
     tools = [
         app.signature(
             "chorus.tool",
             args=(call.call_id,),
             queue=call.queue,
             immutable=True,
+            # The call's id is the task's id, so cancelling a turn can revoke
+            # tool tasks still waiting in a queue.
+            task_id=call.call_id,
             argsrepr=f"tool={call.tool} call={_short(call.call_id)} {where}",
         )
         for call in seg.calls

@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 
+def inbox(prefix: str, conversation_id: str) -> str:
+    """Messages waiting for a conversation's current turn to end (a Stream)."""
+    return f"{prefix}:inbox:{conversation_id}"
+
+
+def cancelled(prefix: str, correlation_id: str) -> str:
+    """Set while a job's tree is being cancelled: streaming model calls stop."""
+    return f"{prefix}:cancel:{correlation_id}"
+
+
 def events_stream(prefix: str, root_id: str) -> str:
     """The live event stream of one conversation tree."""
     return f"{prefix}:events:{root_id}"

@@ -63,9 +63,12 @@ def agent_names() -> list[str]:
 
 
 def check_agent(spec: AgentSpec) -> None:
-    """Raise :class:`UnknownToolError` if the spec names an unregistered tool."""
+    """Raise :class:`UnknownToolError` or :class:`UnknownAgentError` if the
+    spec names an unregistered tool or subagent."""
     for name in spec.tools:
         get_tool(name)
+    for name in spec.subagents:
+        get_agent(name)
 
 
 def load_modules(names: Iterable[str]) -> None:

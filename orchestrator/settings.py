@@ -59,6 +59,12 @@ class Settings(BaseSettings):
         default=10_000, description="Approximate cap of each root's live Redis Stream."
     )
     max_input_chars: int = Field(default=200_000, description="Largest accepted job input.")
+    max_depth: int = Field(
+        default=4, ge=0, description="Deepest subagent nesting below a root conversation."
+    )
+    max_children: int = Field(
+        default=2000, ge=0, description="Most subagent conversations under one root."
+    )
     log_level: str = Field(default="INFO", description="Level of worker and CLI logs.")
     log_format: str = Field(
         default="text", pattern="^(text|json)$", description="`text` or `json` lines."

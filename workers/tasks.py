@@ -27,12 +27,17 @@ def register_tasks(app: Celery, rt: Runtime) -> None:
     @app.task(name="chorus.tool", bind=True)
     def tool(self: Task, call_id: str) -> None:
         with log_context(tool_call_id=call_id):
-            engine.run_tool(rt, call_id, self.request.id)
+            dispatch(app, engine.run_tool(rt, call_id, self.request.id))
 
     @app.task(name="chorus.advance")
     def advance(conversation_id: str, turn_id: str, step: int, segment: int) -> None:
         with log_context(conversation_id=conversation_id, turn_id=turn_id, step=step):
             dispatch(app, engine.advance(rt, conversation_id, turn_id, step, segment))
+
+    @app.task(name="chorus.dequeue")
+    def dequeue(conversation_id: str) -> None:
+        with log_context(conversation_id=conversation_id):
+            dispatch(app, engine.dequeue(rt, conversation_id))
 
     @app.task(name="chorus.sweep")
     def sweep() -> int:

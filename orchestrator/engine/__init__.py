@@ -6,8 +6,10 @@ of :mod:`~orchestrator.engine.actions` for the caller to dispatch. The
 Celery tasks are thin shells around these functions.
 """
 
-from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
+from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment, RunStep, ToolTask
 from orchestrator.engine.advance import advance
+from orchestrator.engine.cancel import cancel
+from orchestrator.engine.inbox import dequeue
 from orchestrator.engine.step import run_step
 from orchestrator.engine.sweep import sweep
 from orchestrator.engine.toolrun import run_tool
@@ -15,10 +17,14 @@ from orchestrator.engine.turns import start_turn
 
 __all__ = [
     "Action",
+    "Dequeue",
+    "RunAdvance",
     "RunSegment",
     "RunStep",
     "ToolTask",
     "advance",
+    "cancel",
+    "dequeue",
     "run_step",
     "run_tool",
     "start_turn",

@@ -36,4 +36,23 @@ class RunSegment:
     calls: tuple[ToolTask, ...]
 
 
-Action = RunStep | RunSegment
+@dataclass(frozen=True)
+class RunAdvance:
+    """Try to advance a segment now (task ``chorus.advance``): a subagent's
+    end answers its parent's call outside any chord."""
+
+    conversation_id: str
+    turn_id: str
+    step: int
+    segment: int
+
+
+@dataclass(frozen=True)
+class Dequeue:
+    """Start the next queued message of a conversation if it is idle
+    (task ``chorus.dequeue``)."""
+
+    conversation_id: str
+
+
+Action = RunStep | RunSegment | RunAdvance | Dequeue

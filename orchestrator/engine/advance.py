@@ -6,9 +6,8 @@ from sqlmodel import col, select
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import is_current, move_cursor
-from orchestrator.engine.toolrun import FINISHED
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
+from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow
 from schemas import ToolResultBlock
 
 
@@ -30,7 +29,7 @@ def advance(
             .where(ToolCallRow.turn_id == turn_id, ToolCallRow.step == step)
             .order_by(col(ToolCallRow.position))
         ).all()
-        if any(c.status not in FINISHED for c in calls if c.segment == segment):
+        if any(c.status not in CALL_FINISHED for c in calls if c.segment == segment):
             return []  # a part is still out; its own advance (or the sweeper) comes later
         last = max(c.segment for c in calls)
         if segment < last:

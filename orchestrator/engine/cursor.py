@@ -7,6 +7,8 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session, col
 
+from orchestrator.engine.actions import Action, Dequeue
+from orchestrator.engine.subagents import answer_parent
 from orchestrator.events import Outbox
 from orchestrator.store.tables import Conversation, Turn, utcnow
 from schemas import ConversationState, EventName, TurnStatus
@@ -38,11 +40,16 @@ def finish_turn(
     *,
     output: str | None = None,
     error: str | None = None,
+    notify_parent: bool = True,
     **values: Any,
-) -> bool:
-    """End the turn and free the conversation; False if another copy moved first.
+) -> list[Action] | None:
+    """End the turn and free the conversation; None if another copy moved first.
 
-    ``values`` are further conversation columns to set in the same update.
+    Returns what runs next: a subagent's turn answers its parent's call and
+    advances the parent (unless ``notify_parent`` is False, as when the
+    whole tree is cancelled); a top-level turn lets the conversation's next
+    queued message start. ``values`` are further conversation columns to
+    set in the same update.
     """
     if not move_cursor(
         session,
@@ -53,7 +60,7 @@ def finish_turn(
         lease_until=None,
         **values,
     ):
-        return False
+        return None
     turn.status = status.value
     turn.output = output
     turn.error = error
@@ -71,7 +78,11 @@ def finish_turn(
         step=turn.steps,
         **data,
     )
-    return True
+    if turn.parent_call_id is None:
+        return [Dequeue(conv.id)]
+    if not notify_parent:
+        return []
+    return answer_parent(session, outbox, turn, status, output if output is not None else error)
 
 
 def is_current(conv: Conversation | None, turn_id: str, step: int, segment: int) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -15,13 +16,16 @@ from orchestrator import context, registry
 from orchestrator.engine.actions import Action, RunSegment, ToolTask
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import load_history
-from orchestrator.errors import ModelError, UnknownToolError
+from orchestrator.engine.subagents import is_subagent_call, subagent_tool
+from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
+from orchestrator.keys import cancelled
 from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
 from orchestrator.logs import bind, redact
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, utcnow
 from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, TurnStatus
 from schemas.content import ContentBlock
+from schemas.specs import SUBAGENT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,7 @@ def run_step(
         bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
         spec = AgentSpec.model_validate(conv.agent_spec)
         if step >= spec.max_steps:
-            finish_turn(
+            ended = finish_turn(
                 session,
                 outbox,
                 conv,
@@ -76,7 +80,7 @@ def run_step(
                 TurnStatus.FAILED,
                 error=f"no final answer within max_steps={spec.max_steps}",
             )
-            return []
+            return ended or []
         history = context.apply(load_history(session, conv.id))
         outbox.record(
             EventName.LLM_REQUESTED,
@@ -88,12 +92,7 @@ def run_step(
         correlation_id = turn.correlation_id
         root_id = conv.root_id
 
-    tools = []
-    for name in spec.tools:
-        try:
-            tools.append(tool_to_openai(registry.get_tool(name).spec))
-        except UnknownToolError:
-            log.warning("agent %s names tool %s that this worker lacks", spec.name, name)
+    tools = _offered_tools(spec)
     renew = _LeaseRenewer(rt, conversation_id, owner)
 
     def on_delta(text: str) -> None:
@@ -119,10 +118,30 @@ def run_step(
             tools or None,
             spec.model_settings,
             on_delta=on_delta,
+            should_stop=_cancel_watch(rt, correlation_id),
         )
     except ModelError as exc:
         return _model_failed(rt, conversation_id, turn_id, step, owner, exc)
+    if reply.stopped:
+        log.info("step %d: model call stopped: the job was cancelled", step)
+        return []
     return _persist(rt, conversation_id, turn_id, step, owner, reply, (started, began))
+
+
+def _cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Callable[[], bool]:
+    """True once the job is cancelled; asks Redis at most every ``every`` s."""
+    key = cancelled(rt.settings.redis_prefix, correlation_id)
+    last = 0.0
+
+    def should_stop() -> bool:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < every:
+            return False
+        last = now
+        return bool(rt.redis.exists(key))
+
+    return should_stop
 
 
 class _LeaseRenewer:
@@ -175,7 +194,7 @@ def _model_failed(
             status=exc.status,
             body=redact(exc.body or ""),
         )
-        finish_turn(
+        ended = finish_turn(
             session,
             outbox,
             conv,
@@ -183,7 +202,23 @@ def _model_failed(
             TurnStatus.FAILED,
             error=redact(f"model call failed: {exc}"),
         )
-    return []
+    return ended or []
+
+
+def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
+    """The agent's tools and one tool per subagent template, as the model sees them."""
+    tools = []
+    for name in spec.tools:
+        try:
+            tools.append(tool_to_openai(registry.get_tool(name).spec))
+        except UnknownToolError:
+            log.warning("agent %s names tool %s that this worker lacks", spec.name, name)
+    for name in spec.subagents:
+        try:
+            tools.append(tool_to_openai(subagent_tool(name)))
+        except UnknownAgentError:
+            log.warning("agent %s names subagent %s that this worker lacks", spec.name, name)
+    return tools
 
 
 def _segments(reply: ModelReply) -> list[tuple[int, bool, str]]:
@@ -193,9 +228,13 @@ def _segments(reply: ModelReply) -> list[tuple[int, bool, str]]:
     segment, prev_parallel = -1, False
     for call in reply.tool_calls:
         try:
-            spec = registry.get_tool(call.tool).spec
+            spec = (
+                subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
+                if is_subagent_call(call.tool)
+                else registry.get_tool(call.tool).spec
+            )
             parallel, queue = spec.parallelizable, spec.queue
-        except UnknownToolError:
+        except (UnknownToolError, UnknownAgentError):
             parallel, queue = True, "tools"  # answered with an error result
         if not (parallel and prev_parallel):
             segment += 1
@@ -298,7 +337,9 @@ def _persist(
             )
             session.add(row)
             outbox.record(
-                EventName.TOOL_REQUESTED,
+                EventName.SUBAGENT_REQUESTED
+                if is_subagent_call(call.tool)
+                else EventName.TOOL_REQUESTED,
                 conv,
                 turn,
                 tool=call.tool,
@@ -309,14 +350,17 @@ def _persist(
             )
             if segment == 0:
                 tasks.append(ToolTask(row.id, call.tool, queue))
-        if not has_calls and not finish_turn(
-            session, outbox, conv, turn, TurnStatus.COMPLETED, output=reply.text, **values
-        ):
+        ended: list[Action] | None = []
+        if not has_calls:
+            ended = finish_turn(
+                session, outbox, conv, turn, TurnStatus.COMPLETED, output=reply.text, **values
+            )
+        if ended is None:
             outbox.discard()
             session.rollback()
             return []
         session.add(turn)
     log.info("step %d: model answered with %d tool calls", step, len(reply.tool_calls))
     if not has_calls:
-        return []
+        return ended
     return [RunSegment(conversation_id, turn_id, step, 0, tuple(tasks))]

@@ -13,10 +13,10 @@ from sqlmodel import Session, col, select
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
-from orchestrator.engine.toolrun import FINISHED
+from orchestrator.engine.subagents import is_subagent_call
 from orchestrator.errors import UnknownToolError
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, ToolCallRow, utcnow
+from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, utcnow
 from schemas import ConversationState
 
 
@@ -37,14 +37,14 @@ def _segment_action(session: Session, conv: Conversation, stall: float) -> Actio
         )
     ).all()
     now = utcnow()
-    for c in calls:  # a call still inside its own timeout is not stalled
-        if (
-            c.status == "running"
-            and c.started_at
-            and (c.started_at + timedelta(seconds=_tool_timeout(c.tool) + stall) > now)
-        ):
-            return None
-    tasks = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.status not in FINISHED)
+    for c in calls:
+        if c.status != "running":
+            continue
+        if is_subagent_call(c.tool):
+            return None  # its child answers it; the child is swept on its own
+        if c.started_at and c.started_at + timedelta(seconds=_tool_timeout(c.tool) + stall) > now:
+            return None  # still inside its own timeout
+    tasks = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.status not in CALL_FINISHED)
     return RunSegment(conv.id, conv.turn_id, conv.cursor_step, conv.cursor_segment, tasks)
 
 

@@ -7,19 +7,21 @@ import logging
 from typing import Any
 
 from sqlalchemy import update
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from orchestrator import registry
+from orchestrator.engine.actions import Action
+from orchestrator.engine.subagents import is_subagent_call, start_child
 from orchestrator.errors import ChorusError, InvalidRequestError
+from orchestrator.events import Outbox
 from orchestrator.logs import bind
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, ToolCallRow, Turn, utcnow
+from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
 from orchestrator.tools import ToolContext
 from schemas import EventName, TurnStatus
 
 log = logging.getLogger(__name__)
 
-FINISHED = ("completed", "failed", "cancelled")
 
 #: Key the LLM adapter uses for arguments that were not a JSON object.
 INVALID_ARGUMENTS = "__invalid_arguments__"
@@ -49,10 +51,11 @@ def _cap(result: Any, limit: int) -> Any:
     return text[:limit] + f"… [truncated {len(text) - limit} characters]"
 
 
-def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
+def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Action]:
     """Run the call unless it already has a result (a redelivered copy) or
     its turn has ended. The first result written wins; later copies' are
-    dropped, so each call has exactly one result."""
+    dropped, so each call has exactly one result. A subagent call starts
+    its child conversation instead and returns the child's first step."""
     with rt.transaction() as (session, outbox):
         found = session.exec(
             select(ToolCallRow, Turn, Conversation)
@@ -61,10 +64,10 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
             .where(col(ToolCallRow.id) == call_id)
         ).first()
         if found is None:
-            return
+            return []
         call, turn, conv = found
-        if call.status in FINISHED or turn.status != TurnStatus.RUNNING.value:
-            return
+        if call.status in CALL_FINISHED or turn.status != TurnStatus.RUNNING.value:
+            return []
         bind(
             conversation_id=conv.id,
             root_id=conv.root_id,
@@ -78,6 +81,8 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
         call.started_at = utcnow()
         call.task_id = task_id
         session.add(call)
+        if is_subagent_call(call.tool):
+            return _delegate(rt, session, outbox, call, turn, conv)
         outbox.record(
             EventName.TOOL_STARTED,
             conv,
@@ -100,24 +105,57 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> None:
     result = _cap(result, rt.settings.max_tool_result_chars)
 
     with rt.transaction() as (session, outbox):
-        written = session.execute(
-            update(ToolCallRow)
-            .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(FINISHED))
-            .values(
-                status="failed" if is_error else "completed",
+        if _record_result(session, call, result, is_error):
+            outbox.record(
+                EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
+                conv,
+                turn,
+                tool=call.tool,
+                tool_request_id=call.tool_request_id,
                 result=result,
-                is_error=is_error,
-                finished_at=utcnow(),
+                step=call.step,
             )
-        )
-        if written.rowcount != 1:  # type: ignore[attr-defined]
-            return
-        outbox.record(
-            EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
-            conv,
-            turn,
-            tool=call.tool,
-            tool_request_id=call.tool_request_id,
+    return []
+
+
+def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: bool) -> bool:
+    """Write the call's one result; False if a result was already there."""
+    written = session.execute(
+        update(ToolCallRow)
+        .where(col(ToolCallRow.id) == call.id, col(ToolCallRow.status).not_in(CALL_FINISHED))
+        .values(
+            status="failed" if is_error else "completed",
             result=result,
-            step=call.step,
+            is_error=is_error,
+            finished_at=utcnow(),
         )
+    )
+    return bool(written.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def _delegate(
+    rt: Runtime,
+    session: Session,
+    outbox: Outbox,
+    call: ToolCallRow,
+    turn: Turn,
+    conv: Conversation,
+) -> list[Action]:
+    """Start the child; a refused call (unknown subagent, bad arguments,
+    depth or fan-out limit) is answered at once with an error result."""
+    try:
+        return start_child(rt, session, outbox, call, turn, conv)
+    except ChorusError as exc:
+        session.add(call)
+        session.flush()
+        if _record_result(session, call, f"Error: {exc}", True):
+            outbox.record(
+                EventName.SUBAGENT_FAILED,
+                conv,
+                turn,
+                call.step,
+                tool=call.tool,
+                tool_request_id=call.tool_request_id,
+                error=str(exc),
+            )
+        return []

@@ -51,11 +51,14 @@ def _existing(session: Session, key: str | None) -> TurnRef | None:
     return TurnRef(turn.id, turn.conversation_id, turn.root_id) if turn else None
 
 
-def start_turn(rt: Runtime, request: JobRequest) -> tuple[TurnRef, list[Action]]:
+def start_turn(
+    rt: Runtime, request: JobRequest, *, queued_entry: str | None = None
+) -> tuple[TurnRef, list[Action]]:
     """Store the user's input as a new turn and return the step to run.
 
     Submitting again with the same idempotency key returns the first turn
-    and starts nothing.
+    and starts nothing. ``queued_entry`` names the queued message this turn
+    takes (recorded as ``message.dequeued``).
     """
     spec = resolve_agent(request.agent)
     _check_context(request)
@@ -105,6 +108,8 @@ def start_turn(rt: Runtime, request: JobRequest) -> tuple[TurnRef, list[Action]]
                 agent=spec.name,
                 input=request.input,
             )
+            if queued_entry is not None:
+                outbox.record(EventName.MESSAGE_DEQUEUED, conv, turn, 0, entry=queued_entry)
     except IntegrityError:
         # Lost a race on the idempotency key: the winner's turn is the job.
         with rt.session() as session:

@@ -40,6 +40,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value
 
 
+#: Statuses of a tool call that has its one result.
+CALL_FINISHED = ("completed", "failed", "cancelled")
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -81,6 +85,8 @@ class Conversation(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_until: datetime | None = _time(nullable=True)
     event_seq: int = 0
+    depth: int = 0
+    children: int = 0
     turns: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -102,7 +108,8 @@ class Turn(SQLModel, table=True):
     input_text: str = Field(sa_type=Text)
     context_data: dict[str, Any] = _json(dict)
     idempotency_key: str | None = Field(default=None, unique=True, max_length=200)
-    correlation_id: str = Field(default_factory=new_id, max_length=64)
+    correlation_id: str = Field(default_factory=new_id, index=True, max_length=64)
+    parent_call_id: str | None = Field(default=None, unique=True, index=True, max_length=64)
     output: str | None = Field(default=None, sa_type=Text)
     error: str | None = Field(default=None, sa_type=Text)
     steps: int = 0

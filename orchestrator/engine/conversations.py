@@ -1,0 +1,98 @@
+"""Conversation operations: fork, clear, load. Each refuses while a turn runs."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+from sqlalchemy import delete
+from sqlmodel import Session, col, select
+
+from orchestrator.engine.cursor import move_cursor
+from orchestrator.errors import ConversationBusyError, ConversationNotFound, InvalidRequestError
+from orchestrator.runtime import Runtime
+from orchestrator.store.tables import Conversation, MessageRow, new_id
+from schemas import ConversationState, Message
+
+
+def _idle(session: Session, conversation_id: str) -> Conversation:
+    conv = session.get(Conversation, conversation_id)
+    if conv is None:
+        raise ConversationNotFound(conversation_id)
+    if conv.state != ConversationState.IDLE.value:
+        raise ConversationBusyError(conversation_id)
+    return conv
+
+
+def _claim(session: Session, conv: Conversation) -> None:
+    """Bump the version, so a turn starting meanwhile loses its compare-and-set."""
+    if not move_cursor(session, conv):
+        raise ConversationBusyError(conv.id)
+
+
+def fork(rt: Runtime, conversation_id: str) -> str:
+    """A new root conversation with the same agent and a copy of the messages."""
+    with rt.session() as session:
+        conv = _idle(session, conversation_id)
+        copy = Conversation(agent=conv.agent, agent_spec=conv.agent_spec, root_id="")
+        copy.root_id = copy.id
+        session.add(copy)
+        for row in session.exec(
+            select(MessageRow)
+            .where(MessageRow.conversation_id == conversation_id)
+            .order_by(col(MessageRow.id))
+        ).all():
+            session.add(
+                MessageRow(
+                    conversation_id=copy.id,
+                    turn_id=row.turn_id,
+                    step=row.step,
+                    kind=row.kind,
+                    role=row.role,
+                    content=row.content,
+                    input_tokens=row.input_tokens,
+                    output_tokens=row.output_tokens,
+                    cost_usd=row.cost_usd,
+                )
+            )
+        _claim(session, conv)
+        return copy.id
+
+
+def clear(rt: Runtime, conversation_id: str) -> int:
+    """Delete the conversation's messages; returns how many."""
+    with rt.session() as session:
+        conv = _idle(session, conversation_id)
+        _claim(session, conv)
+        result = session.execute(
+            delete(MessageRow).where(col(MessageRow.conversation_id) == conversation_id)
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def load(
+    rt: Runtime, conversation_id: str, messages: list[Message] | list[dict[str, object]]
+) -> int:
+    """Replace the conversation's history with ``messages`` (validated)."""
+    try:
+        checked = [m if isinstance(m, Message) else Message.model_validate(m) for m in messages]
+    except ValidationError as exc:
+        fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
+        raise InvalidRequestError(f"invalid messages: {exc}", fields) from None
+    with rt.session() as session:
+        conv = _idle(session, conversation_id)
+        _claim(session, conv)
+        session.execute(
+            delete(MessageRow).where(col(MessageRow.conversation_id) == conversation_id)
+        )
+        batch = f"load:{new_id()}"
+        for index, message in enumerate(checked):
+            session.add(
+                MessageRow(
+                    conversation_id=conversation_id,
+                    turn_id=batch,
+                    step=index,
+                    kind="loaded",
+                    role=message.role.value,
+                    content=[b.model_dump(mode="json") for b in message.content],
+                )
+            )
+        return len(checked)

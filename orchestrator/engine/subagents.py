@@ -1,0 +1,220 @@
+"""Subagents: a tool call that runs a child conversation on the fleet.
+
+An agent's subagent templates are offered to the model as tools named
+``subagent__<agent>`` taking ``task`` and ``fork``. Calling one creates a
+child conversation (same root; a forked child starts with a copy of the
+parent's messages) and starts a turn there. The parent's call stays
+``running`` without holding a worker slot; the child's end writes the
+call's result and advances the parent (:func:`answer_parent`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from orchestrator import registry
+from orchestrator.engine.actions import Action, RunAdvance, RunStep
+from orchestrator.errors import InvalidRequestError
+from orchestrator.events import Outbox
+from orchestrator.runtime import Runtime
+from orchestrator.store.tables import (
+    CALL_FINISHED,
+    Conversation,
+    MessageRow,
+    ToolCallRow,
+    Turn,
+    utcnow,
+)
+from schemas import AgentSpec, ConversationState, EventName, TextBlock, ToolSpec, TurnStatus
+from schemas.specs import SUBAGENT_PREFIX
+
+
+def is_subagent_call(tool: str) -> bool:
+    return tool.startswith(SUBAGENT_PREFIX)
+
+
+def subagent_tool(name: str) -> ToolSpec:
+    """The tool through which a parent's model delegates to agent ``name``."""
+    spec = registry.get_agent(name)
+    about = spec.system.strip().splitlines()[0] if spec.system.strip() else ""
+    return ToolSpec(
+        name=f"{SUBAGENT_PREFIX}{name}",
+        description=f"Delegate a task to the {name} agent and get its final answer. {about}",
+        parameters={
+            "type": "object",
+            "properties": {
+                "task": {"type": "string", "description": "What the subagent should do."},
+                "fork": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "Start the subagent with a copy of this conversation.",
+                },
+            },
+            "required": ["task"],
+            "additionalProperties": False,
+        },
+        queue="control",
+    )
+
+
+def _child_request(parent: AgentSpec, call: ToolCallRow) -> tuple[AgentSpec, str, bool]:
+    name = call.tool.removeprefix(SUBAGENT_PREFIX)
+    if name not in parent.subagents:
+        raise InvalidRequestError(
+            f"agent {parent.name!r} has no subagent {name!r}; it has {list(parent.subagents)}",
+            ["tool"],
+        )
+    child = registry.get_agent(name)
+    task, fork = call.params.get("task"), call.params.get("fork", False)
+    if not isinstance(task, str) or not task.strip():
+        raise InvalidRequestError("task: a non-empty string is required", ["task"])
+    if not isinstance(fork, bool):
+        raise InvalidRequestError("fork: a boolean is required", ["fork"])
+    extra = set(call.params) - {"task", "fork"}
+    if extra:
+        raise InvalidRequestError(f"unexpected arguments: {sorted(extra)}", sorted(extra))
+    return child, task, fork
+
+
+def _take_child_slot(rt: Runtime, session: Session, parent: Conversation) -> None:
+    if parent.depth + 1 > rt.settings.max_depth:
+        raise InvalidRequestError(
+            f"subagent depth limit reached ({rt.settings.max_depth} levels below the root)",
+            ["depth"],
+        )
+    taken = session.execute(
+        update(Conversation)
+        .where(
+            col(Conversation.id) == parent.root_id,
+            col(Conversation.children) < rt.settings.max_children,
+        )
+        .values(children=col(Conversation.children) + 1)
+    )
+    if taken.rowcount != 1:  # type: ignore[attr-defined]
+        raise InvalidRequestError(
+            f"subagent limit reached ({rt.settings.max_children} children under this root)",
+            ["children"],
+        )
+
+
+def start_child(
+    rt: Runtime,
+    session: Session,
+    outbox: Outbox,
+    call: ToolCallRow,
+    turn: Turn,
+    conv: Conversation,
+) -> list[Action]:
+    """Create the child conversation and its turn; a ChorusError means the
+    call is answered at once with an error result instead."""
+    if session.exec(select(Turn.id).where(Turn.parent_call_id == call.id)).first():
+        return []  # a redelivered copy: the child already exists
+    child_spec, task, fork = _child_request(AgentSpec.model_validate(conv.agent_spec), call)
+    _take_child_slot(rt, session, conv)
+    child = Conversation(
+        root_id=conv.root_id,
+        parent_id=conv.id,
+        depth=conv.depth + 1,
+        agent=child_spec.name,
+        agent_spec=child_spec.model_dump(mode="json"),
+        state=ConversationState.RUNNING.value,
+        turns=1,
+    )
+    child_turn = Turn(
+        conversation_id=child.id,
+        root_id=conv.root_id,
+        number=0,
+        agent=child_spec.name,
+        input_text=task,
+        context_data=turn.context_data,
+        correlation_id=turn.correlation_id,
+        parent_call_id=call.id,
+    )
+    child.turn_id = child_turn.id
+    session.add_all([child, child_turn])
+    if fork:
+        for row in session.exec(
+            select(MessageRow)
+            .where(MessageRow.conversation_id == conv.id)
+            .order_by(col(MessageRow.id))
+        ).all():
+            session.add(
+                MessageRow(
+                    conversation_id=child.id,
+                    turn_id=row.turn_id,
+                    step=row.step,
+                    kind=f"fork-{row.kind}"[:16],
+                    role=row.role,
+                    content=row.content,
+                )
+            )
+    session.add(
+        MessageRow(
+            conversation_id=child.id,
+            turn_id=child_turn.id,
+            step=0,
+            kind="input",
+            role="user",
+            content=[TextBlock(text=task).model_dump()],
+        )
+    )
+    outbox.record(
+        EventName.SUBAGENT_STARTED,
+        conv,
+        turn,
+        call.step,
+        tool=call.tool,
+        tool_request_id=call.tool_request_id,
+        child_conversation_id=child.id,
+        child_turn_id=child_turn.id,
+        fork=fork,
+    )
+    outbox.record(EventName.TURN_STARTED, child, child_turn, 0, agent=child_spec.name, input=task)
+    return [RunStep(child.id, child_turn.id, 0)]
+
+
+_ENDINGS = {
+    TurnStatus.COMPLETED: EventName.SUBAGENT_COMPLETED,
+    TurnStatus.FAILED: EventName.SUBAGENT_FAILED,
+    TurnStatus.CANCELLED: EventName.SUBAGENT_STOPPED,
+}
+
+
+def answer_parent(
+    session: Session, outbox: Outbox, child_turn: Turn, status: TurnStatus, answer: Any
+) -> list[Action]:
+    """Write the child's outcome as the parent's tool result and advance it."""
+    assert child_turn.parent_call_id is not None
+    call = session.get(ToolCallRow, child_turn.parent_call_id)
+    if call is None:
+        return []
+    is_error = status is not TurnStatus.COMPLETED
+    written = session.execute(
+        update(ToolCallRow)
+        .where(col(ToolCallRow.id) == call.id, col(ToolCallRow.status).not_in(CALL_FINISHED))
+        .values(
+            status="failed" if is_error else "completed",
+            result=answer if not is_error else f"Error: subagent {status.value}: {answer}",
+            is_error=is_error,
+            finished_at=utcnow(),
+        )
+    )
+    if written.rowcount != 1:  # type: ignore[attr-defined]
+        return []
+    parent = session.get(Conversation, call.conversation_id)
+    parent_turn = session.get(Turn, call.turn_id)
+    assert parent is not None and parent_turn is not None
+    outbox.record(
+        _ENDINGS[status],
+        parent,
+        parent_turn,
+        call.step,
+        tool=call.tool,
+        tool_request_id=call.tool_request_id,
+        child_conversation_id=child_turn.conversation_id,
+        result=answer,
+    )
+    return [RunAdvance(parent.id, parent_turn.id, call.step, call.segment)]
