@@ -11,6 +11,9 @@ from schemas.content import Frozen
 #: Provider tool-name rule shared by OpenAI, Anthropic and Gemini.
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
+#: A subagent template ``X`` is offered to the model as the tool ``subagent__X``.
+SUBAGENT_PREFIX = "subagent__"
+
 
 class ToolSpec(Frozen):
     """A registered tool as the model and the engine see it."""
@@ -35,8 +38,20 @@ class AgentSpec(Frozen):
     model: str = Field(min_length=1)
     system: str = ""
     tools: tuple[str, ...] = ()
+    subagents: tuple[str, ...] = ()
     max_steps: int = Field(default=25, ge=1, le=1000)
     model_settings: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("subagents")
+    @classmethod
+    def _subagent_names_fit(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        long = [n for n in value if len(n) > 64 - len(SUBAGENT_PREFIX)]
+        if long:
+            raise ValueError(
+                f"subagent names longer than {64 - len(SUBAGENT_PREFIX)} characters "
+                f"cannot be offered as tools: {long}"
+            )
+        return value
 
     @field_validator("model_settings")
     @classmethod
