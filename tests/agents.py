@@ -183,3 +183,100 @@ register_script(
     [Reply.call(*(call("brief", label=f"f{i}") for i in range(2))), echo_results],
 )
 Agent("fragile-batch", scripted_model("fragile-batch"), tools=[brief])
+
+
+# -- subagents ----------------------------------------------------------------
+
+
+def _task(messages: list[dict[str, Any]]) -> str:
+    """The first user message: a child's task."""
+    return next(str(m["content"]) for m in messages if m["role"] == "user")
+
+
+register_script(
+    "researcher",
+    [
+        lambda ms: Reply.call(call("timed", label=_task(ms), seconds=1.0)),
+        lambda ms: Reply.say(f"researched {_task(ms)}: {json.dumps(tool_results(ms)[-1])}"),
+    ],
+)
+Agent("researcher", scripted_model("researcher"), system="You research one topic.", tools=[timed])
+
+register_script(
+    "deep-researcher",
+    [
+        lambda ms: Reply.call(call("subagent__researcher", task=f"inner {_task(ms)}")),
+        lambda ms: Reply.say(f"deep: {tool_results(ms)[-1]}"),
+    ],
+)
+Agent("deep-researcher", scripted_model("deep-researcher"), subagents=["researcher"])
+
+register_script(
+    "lead",
+    [
+        Reply.call(
+            call("subagent__researcher", task="alpha"),
+            call("subagent__researcher", task="beta"),
+            call("subagent__deep-researcher", task="gamma"),
+        ),
+        echo_results,
+    ],
+)
+Agent("lead", scripted_model("lead"), subagents=["researcher", "deep-researcher"])
+
+register_script("echo-child", [lambda ms: Reply.say(f"done {_task(ms)}")])
+Agent("echo-child", scripted_model("echo-child"))
+
+FANOUT = 201  # one more than the test workers' CHORUS_MAX_CHILDREN
+register_script(
+    "fanout",
+    [
+        Reply.call(*(call("subagent__echo-child", task=f"t{i}") for i in range(FANOUT))),
+        echo_results,
+    ],
+)
+Agent("fanout", scripted_model("fanout"), subagents=["echo-child"])
+
+register_script(
+    "diver",
+    [
+        lambda ms: Reply.call(call("subagent__diver", task="deeper")),
+        lambda ms: Reply.say(f"from below: {tool_results(ms)[-1]}"),
+    ],
+)
+Agent("diver", scripted_model("diver"), subagents=["diver"])
+
+register_script(
+    "sleepy-child",
+    [lambda ms: Reply.call(call("timed", label="child", seconds=4.0)), echo_results],
+)
+Agent("sleepy-child", scripted_model("sleepy-child"), tools=[timed])
+
+register_script(
+    "busy-lead",
+    [
+        Reply.call(
+            call("timed", label="parent", seconds=4.0),
+            call("subagent__sleepy-child", task="nap"),
+        ),
+        echo_results,
+    ],
+)
+Agent("busy-lead", scripted_model("busy-lead"), tools=[timed], subagents=["sleepy-child"])
+
+
+# -- queued messages: every turn makes one short tool call, then answers -------
+
+
+def _looping(messages: list[dict[str, Any]]) -> Reply:
+    last = messages[-1]
+    if last["role"] == "tool":
+        said = [m["content"] for m in messages if m["role"] == "user"][-1]
+        return Reply.say(f"done: {said}")
+    return Reply.call(call("timed", label=str(last["content"]), seconds=0.3))
+
+
+register_script("looper", [_looping] * 400)
+Agent("looper", scripted_model("looper"), tools=[timed])
+register_script("quick", [lambda ms: Reply.say(f"ok: {ms[-1]['content']}")] * 400)
+Agent("quick", scripted_model("quick"))

@@ -41,6 +41,8 @@ def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Se
         modules=[TEST_MODULES],
         state_dir=tmp_path_factory.mktemp("chorus-state"),
         stall_timeout=8.0,
+        max_children=200,
+        max_depth=3,
         sweep_interval=2.0,
     )
 
@@ -58,6 +60,8 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
         PYTHONPATH=str(ROOT),
         OPENAI_API_KEY="sk-test-not-a-secret",
         CHORUS_LOG_FORMAT="json",
+        CHORUS_MAX_CHILDREN=str(settings.max_children),
+        CHORUS_MAX_DEPTH=str(settings.max_depth),
         LITELLM_LOCAL_MODEL_COST_MAP="True",
     )
     env.update(extra)

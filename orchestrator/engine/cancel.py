@@ -73,9 +73,14 @@ def cancel(rt: Runtime, job_id: str) -> tuple[list[str], list[Action]]:
             ).all()
             if not running:
                 return revoke, actions
-            for turn in running:
+            round_revoke: list[str] = []
+            round_actions: list[Action] = []
+            # Deepest first, the job's own turn last; per turn its calls first,
+            # so the job's turn.cancelled is the tree's last event.
+            for turn in sorted(running, key=lambda t: (t.id == job_id, -t.started_at.timestamp())):
                 conv = session.get(Conversation, turn.conversation_id)
                 assert conv is not None
+                calls = _cancel_calls(session, outbox, conv, turn)
                 ended = finish_turn(
                     session,
                     outbox,
@@ -85,8 +90,13 @@ def cancel(rt: Runtime, job_id: str) -> tuple[list[str], list[Action]]:
                     error="cancelled",
                     notify_parent=False,
                 )
-                if ended is None:  # its cursor moved meanwhile: next round
-                    continue
-                revoke += _cancel_calls(session, outbox, conv, turn)
-                actions += ended
+                if ended is None:  # a cursor moved meanwhile: undo this round, go again
+                    outbox.discard()
+                    session.rollback()
+                    break
+                round_revoke += calls
+                round_actions += ended
+            else:
+                revoke += round_revoke
+                actions += round_actions
     raise RuntimeError(f"job {job_id}: turns kept moving while being cancelled")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import delete
 from sqlmodel import Session, col, select
 
@@ -11,6 +11,8 @@ from orchestrator.errors import ConversationBusyError, ConversationNotFound, Inv
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, new_id
 from schemas import ConversationState, Message
+
+_messages: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 
 
 def _idle(session: Session, conversation_id: str) -> Conversation:
@@ -72,11 +74,13 @@ def load(
     rt: Runtime, conversation_id: str, messages: list[Message] | list[dict[str, object]]
 ) -> int:
     """Replace the conversation's history with ``messages`` (validated)."""
+    raw = [m.model_dump() if isinstance(m, Message) else m for m in messages]
     try:
-        checked = [m if isinstance(m, Message) else Message.model_validate(m) for m in messages]
+        checked = _messages.validate_python(raw)
     except ValidationError as exc:
         fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
-        raise InvalidRequestError(f"invalid messages: {exc}", fields) from None
+        detail = "; ".join(f"{f}: {e['msg']}" for f, e in zip(fields, exc.errors(), strict=True))
+        raise InvalidRequestError(f"invalid messages: {detail}", fields) from None
     with rt.session() as session:
         conv = _idle(session, conversation_id)
         _claim(session, conv)

@@ -146,7 +146,7 @@ def start_child(
                     conversation_id=child.id,
                     turn_id=row.turn_id,
                     step=row.step,
-                    kind=f"fork-{row.kind}"[:16],
+                    kind=row.kind,
                     role=row.role,
                     content=row.content,
                 )

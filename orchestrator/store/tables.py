@@ -137,7 +137,11 @@ class MessageRow(SQLModel, table=True):
     cost_usd: float | None = None
     created_at: datetime = _time()
 
-    __table_args__ = (UniqueConstraint("turn_id", "step", "kind", name="uq_chorus_message_slot"),)
+    __table_args__ = (
+        UniqueConstraint(
+            "conversation_id", "turn_id", "step", "kind", name="uq_chorus_message_slot"
+        ),
+    )
 
 
 class ToolCallRow(SQLModel, table=True):
