@@ -280,3 +280,11 @@ register_script("looper", [_looping] * 400)
 Agent("looper", scripted_model("looper"), tools=[timed])
 register_script("quick", [lambda ms: Reply.say(f"ok: {ms[-1]['content']}")] * 400)
 Agent("quick", scripted_model("quick"))
+
+register_script("failing-child", [])  # its first model call fails: the script is empty
+Agent("failing-child", scripted_model("failing-child"))
+register_script(
+    "careful-lead",
+    [Reply.call(call("subagent__failing-child", task="try"), call("add", a=1, b=2)), echo_results],
+)
+Agent("careful-lead", scripted_model("careful-lead"), tools=[add], subagents=["failing-child"])

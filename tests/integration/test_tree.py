@@ -231,3 +231,12 @@ def test_conversation_operations_refuse_while_a_turn_runs(client: Client, worker
     assert client.clear(copy) == 2
     assert client.history(copy) == []
     assert len(client.history(job.conversation_id)) == 4  # the original is untouched
+
+
+def test_a_failing_child_gives_its_parent_an_error_result(client: Client, workers: Any) -> None:
+    job = client.submit("careful-lead", "go")
+    answer = job.result(timeout=60)
+    assert "Error: subagent failed: model call failed" in answer and "3" in answer
+    names = [e.name for e in job.events(deltas=False, timeout=5)]
+    assert EventName.SUBAGENT_FAILED in names and EventName.TURN_FAILED in names
+    assert names[-1] is EventName.TURN_COMPLETED
