@@ -118,10 +118,12 @@ def metrics(
 ) -> None:
     """Serve Prometheus metrics: turns, tool and model calls, latencies,
     tokens, cost (from the events in Postgres) and queue depths (Redis)."""
+    from orchestrator import registry
     from orchestrator.metrics import serve
     from orchestrator.runtime import Runtime
 
     settings = _settings()
+    registry.load_modules(settings.modules)  # tools may name their own queues
     console.print(f"metrics on http://{host}:{port}/metrics")
     serve(Runtime(settings), host, port)
 

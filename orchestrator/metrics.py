@@ -24,6 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlmodel import col, select
 
+from orchestrator import registry
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import EventRow
 
@@ -117,11 +118,15 @@ class ChorusCollector(Collector):
 
     def _queue_depths(self) -> Iterable[tuple[str, int]]:
         prefix = self.rt.settings.redis_prefix
+        # Chorus's queues, and any queue a registered tool names.
+        queues = sorted(
+            {*QUEUES, *(registry.get_tool(n).spec.queue for n in registry.tool_names())}
+        )
         try:
             pipe = self.rt.redis.pipeline(transaction=False)
-            for queue in QUEUES:
+            for queue in queues:
                 pipe.llen(f"{prefix}:{queue}")
-            return list(zip(QUEUES, pipe.execute(), strict=True))
+            return list(zip(queues, pipe.execute(), strict=True))
         except redis.RedisError:
             return []
 
