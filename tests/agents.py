@@ -288,3 +288,17 @@ register_script(
     [Reply.call(call("subagent__failing-child", task="try"), call("add", a=1, b=2)), echo_results],
 )
 Agent("careful-lead", scripted_model("careful-lead"), tools=[add], subagents=["failing-child"])
+
+register_script("recall", [lambda ms: Reply.say(f"you said: {_task(ms)}")] * 3)
+Agent("recall", scripted_model("recall"))
+register_script(
+    "forker",
+    [
+        Reply.call(
+            ScriptedToolCall(tool="subagent__recall", params={"task": "what?", "fork": True}),
+            ScriptedToolCall(tool="subagent__recall", params={"task": "fresh", "fork": False}),
+        ),
+        echo_results,
+    ],
+)
+Agent("forker", scripted_model("forker"), subagents=["recall"])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import delete
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col
 
 from orchestrator.engine.cursor import move_cursor
+from orchestrator.engine.history import copy_messages
 from orchestrator.errors import ConversationBusyError, ConversationNotFound, InvalidRequestError
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, new_id
@@ -15,7 +16,8 @@ from schemas import ConversationState, Message
 _messages: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 
 
-def _idle(session: Session, conversation_id: str) -> Conversation:
+def load_idle(session: Session, conversation_id: str) -> Conversation:
+    """The conversation, if it exists and runs no turn."""
     conv = session.get(Conversation, conversation_id)
     if conv is None:
         raise ConversationNotFound(conversation_id)
@@ -33,28 +35,11 @@ def _claim(session: Session, conv: Conversation) -> None:
 def fork(rt: Runtime, conversation_id: str) -> str:
     """A new root conversation with the same agent and a copy of the messages."""
     with rt.session() as session:
-        conv = _idle(session, conversation_id)
+        conv = load_idle(session, conversation_id)
         copy = Conversation(agent=conv.agent, agent_spec=conv.agent_spec, root_id="")
         copy.root_id = copy.id
         session.add(copy)
-        for row in session.exec(
-            select(MessageRow)
-            .where(MessageRow.conversation_id == conversation_id)
-            .order_by(col(MessageRow.id))
-        ).all():
-            session.add(
-                MessageRow(
-                    conversation_id=copy.id,
-                    turn_id=row.turn_id,
-                    step=row.step,
-                    kind=row.kind,
-                    role=row.role,
-                    content=row.content,
-                    input_tokens=row.input_tokens,
-                    output_tokens=row.output_tokens,
-                    cost_usd=row.cost_usd,
-                )
-            )
+        copy_messages(session, conversation_id, copy.id)
         _claim(session, conv)
         return copy.id
 
@@ -62,7 +47,7 @@ def fork(rt: Runtime, conversation_id: str) -> str:
 def clear(rt: Runtime, conversation_id: str) -> int:
     """Delete the conversation's messages; returns how many."""
     with rt.session() as session:
-        conv = _idle(session, conversation_id)
+        conv = load_idle(session, conversation_id)
         _claim(session, conv)
         result = session.execute(
             delete(MessageRow).where(col(MessageRow.conversation_id) == conversation_id)
@@ -82,7 +67,7 @@ def load(
         detail = "; ".join(f"{f}: {e['msg']}" for f, e in zip(fields, exc.errors(), strict=True))
         raise InvalidRequestError(f"invalid messages: {detail}", fields) from None
     with rt.session() as session:
-        conv = _idle(session, conversation_id)
+        conv = load_idle(session, conversation_id)
         _claim(session, conv)
         session.execute(
             delete(MessageRow).where(col(MessageRow.conversation_id) == conversation_id)

@@ -30,3 +30,26 @@ def load_history(session: Session, conversation_id: str) -> list[Message]:
         .order_by(col(MessageRow.id))
     ).all()
     return [row_to_message(r) for r in rows]
+
+
+def copy_messages(session: Session, source_id: str, target_id: str) -> None:
+    """Copy every message of conversation ``source_id`` to ``target_id``."""
+    rows = session.exec(
+        select(MessageRow)
+        .where(MessageRow.conversation_id == source_id)
+        .order_by(col(MessageRow.id))
+    ).all()
+    session.add_all(
+        MessageRow(
+            conversation_id=target_id,
+            turn_id=row.turn_id,
+            step=row.step,
+            kind=row.kind,
+            role=row.role,
+            content=row.content,
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            cost_usd=row.cost_usd,
+        )
+        for row in rows
+    )

@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
+from orchestrator.engine.history import copy_messages
 from orchestrator.errors import InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
@@ -136,21 +137,7 @@ def start_child(
     child.turn_id = child_turn.id
     session.add_all([child, child_turn])
     if fork:
-        for row in session.exec(
-            select(MessageRow)
-            .where(MessageRow.conversation_id == conv.id)
-            .order_by(col(MessageRow.id))
-        ).all():
-            session.add(
-                MessageRow(
-                    conversation_id=child.id,
-                    turn_id=row.turn_id,
-                    step=row.step,
-                    kind=row.kind,
-                    role=row.role,
-                    content=row.content,
-                )
-            )
+        copy_messages(session, conv.id, child.id)
     session.add(
         MessageRow(
             conversation_id=child.id,

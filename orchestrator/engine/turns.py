@@ -10,8 +10,9 @@ from sqlmodel import Session, select
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunStep
+from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
-from orchestrator.errors import ConversationBusyError, ConversationNotFound, InvalidRequestError
+from orchestrator.errors import ConversationBusyError, InvalidRequestError
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, Turn
 from schemas import AgentSpec, ConversationState, EventName, JobRequest, TextBlock
@@ -131,9 +132,4 @@ def _claim_conversation(
         session.add(conv)
         session.flush()
         return conv
-    found = session.get(Conversation, conversation_id)
-    if found is None:
-        raise ConversationNotFound(conversation_id)
-    if found.state != ConversationState.IDLE.value:
-        raise ConversationBusyError(conversation_id)
-    return found
+    return load_idle(session, conversation_id)

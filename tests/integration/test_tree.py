@@ -240,3 +240,9 @@ def test_a_failing_child_gives_its_parent_an_error_result(client: Client, worker
     names = [e.name for e in job.events(deltas=False, timeout=5)]
     assert EventName.SUBAGENT_FAILED in names and EventName.TURN_FAILED in names
     assert names[-1] is EventName.TURN_COMPLETED
+
+
+def test_a_forked_child_starts_with_the_parents_history(client: Client, workers: Any) -> None:
+    answer = client.submit("forker", "my secret is 7").result(timeout=60)
+    # the forked child's first user message is the parent's input; the fresh one's is its task
+    assert "you said: my secret is 7" in answer and "you said: fresh" in answer
