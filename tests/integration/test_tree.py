@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 from sqlmodel import col, select
 
-from orchestrator import Client, ConversationBusyError, InvalidRequestError, Job
+from orchestrator import Client, ConversationBusyError, InvalidRequestError, Job, engine
+from orchestrator.dispatch import dispatch
+from orchestrator.engine import inbox
 from orchestrator.store.tables import Conversation, EventRow, ToolCallRow, Turn
-from schemas import EventName, Message, Role, TextBlock, TurnStatus
+from schemas import EventName, JobRequest, Message, Role, TextBlock, TurnStatus
 from tests.agents import FANOUT
 
 pytestmark = pytest.mark.integration
@@ -246,3 +248,30 @@ def test_a_forked_child_starts_with_the_parents_history(client: Client, workers:
     answer = client.submit("forker", "my secret is 7").result(timeout=60)
     # the forked child's first user message is the parent's input; the fresh one's is its task
     assert "you said: my secret is 7" in answer and "you said: fresh" in answer
+
+
+def test_a_dequeue_that_died_before_acknowledging_is_neither_lost_nor_doubled(
+    client: Client, workers: Any
+) -> None:
+    # Given an idle conversation with two queued messages (nothing dispatched yet)
+    rt = client.runtime
+    job = client.submit("quick", "start")
+    job.result(timeout=30)
+    first, _ = inbox.send(rt, job.conversation_id, "one")
+    second, _ = inbox.send(rt, job.conversation_id, "two")
+
+    # When a dequeue starts the first message's turn and dies before deleting it
+    request = JobRequest(
+        agent="quick",
+        input="one",
+        conversation_id=job.conversation_id,
+        idempotency_key=inbox.idempotency_key(job.conversation_id, first),
+    )
+    _ref, actions = engine.start_turn(rt, request, queued_entry=first)
+    dispatch(client.celery, actions)
+
+    # Then the fleet finishes that turn, skips the stale entry and runs the next once
+    assert _job_for(client, job.conversation_id, second).result(timeout=30) == "ok: two"
+    turns = _turns(client, conversation_id=job.conversation_id)
+    assert [t.input_text for t in turns] == ["start", "one", "two"]
+    assert rt.redis.xlen(f"{rt.settings.redis_prefix}:inbox:{job.conversation_id}") == 0
