@@ -30,7 +30,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 ignore_result=True,
                 argsrepr=f"conv={_short(action.conversation_id)} turn={_short(action.turn_id)} "
                 f"step={action.step}",
-            ).apply_async()
+            ).apply_async(countdown=action.countdown or None)
         elif isinstance(action, RunSegment):
             _send_segment(app, action)
         elif isinstance(action, RunAdvance):

@@ -77,11 +77,19 @@ class AgentRunError(ChorusError):
 
 
 class ModelError(AgentRunError):
-    """The model API failed. Keeps the provider's status and body."""
+    """The model API failed. Keeps the provider's status and body;
+    ``retryable`` for rate limits, timeouts, connection errors and 5xx."""
 
-    def __init__(self, message: str, status: int | None = None, body: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int | None = None,
+        body: str | None = None,
+        retryable: bool = False,
+    ) -> None:
         self.status = status
         self.body = body
+        self.retryable = retryable
         super().__init__(message if status is None else f"{message} (status {status})")
 
 

@@ -26,6 +26,17 @@ class ToolSpec(Frozen):
     timeout: float = Field(default=300.0, gt=0)
 
 
+class RetryPolicy(Frozen):
+    """Retries of a model call that failed with a retryable error (rate
+    limit, timeout, connection, 5xx): exponential backoff with jitter."""
+
+    max_attempts: int = Field(default=4, ge=1, le=50)
+    initial_delay: float = Field(default=1.0, ge=0)
+    factor: float = Field(default=2.0, ge=1)
+    max_delay: float = Field(default=60.0, ge=0)
+    jitter: float = Field(default=0.2, ge=0, le=1, description="± fraction of each delay")
+
+
 class AgentSpec(Frozen):
     """An agent: a model, a system prompt, tool names and limits.
 
@@ -40,6 +51,7 @@ class AgentSpec(Frozen):
     tools: tuple[str, ...] = ()
     subagents: tuple[str, ...] = ()
     max_steps: int = Field(default=25, ge=1, le=1000)
+    retry: RetryPolicy = RetryPolicy()
     model_settings: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("subagents")

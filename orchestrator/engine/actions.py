@@ -12,6 +12,7 @@ class RunStep:
     conversation_id: str
     turn_id: str
     step: int
+    countdown: float = 0.0  # seconds to wait first (a retry's backoff)
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import or_, update
-from sqlmodel import Session, col
+from sqlalchemy import func, or_, update
+from sqlmodel import Session, col, select
 
 from orchestrator import context, registry
-from orchestrator.engine.actions import Action, RunSegment, ToolTask
+from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import load_history
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
@@ -21,11 +21,12 @@ from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.keys import cancelled
 from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
 from orchestrator.logs import bind, redact
+from orchestrator.policies import retry_delay
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, utcnow
+from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
 from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, TurnStatus
 from schemas.content import ContentBlock
-from schemas.specs import SUBAGENT_PREFIX
+from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def run_step(
             should_stop=_cancel_watch(rt, correlation_id),
         )
     except ModelError as exc:
-        return _model_failed(rt, conversation_id, turn_id, step, owner, exc)
+        return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
     if reply.stopped:
         log.info("step %d: model call stopped: the job was cancelled", step)
         return []
@@ -178,13 +179,36 @@ def _load_owned(
 
 
 def _model_failed(
-    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str, exc: ModelError
+    rt: Runtime,
+    conversation_id: str,
+    turn_id: str,
+    step: int,
+    owner: str,
+    exc: ModelError,
+    retry: RetryPolicy,
 ) -> list[Action]:
+    """Retry a retryable failure after a backoff (the task ends; a new one
+    is sent with a countdown, so no worker slot waits), else fail the turn."""
     with rt.transaction() as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
         conv, turn = loaded
+        failures = (
+            1
+            + session.exec(
+                select(func.count())
+                .select_from(EventRow)
+                .where(
+                    EventRow.root_id == conv.root_id,
+                    EventRow.turn_id == turn_id,
+                    EventRow.conversation_id == conversation_id,
+                    EventRow.step == step,
+                    EventRow.name == EventName.LLM_FAILED.value,
+                )
+            ).one()
+        )
+        delay = retry_delay(retry, failures) if exc.retryable else None
         outbox.record(
             EventName.LLM_FAILED,
             conv,
@@ -193,14 +217,23 @@ def _model_failed(
             error=redact(str(exc)),
             status=exc.status,
             body=redact(exc.body or ""),
+            attempt=failures,
+            retry_in=None if delay is None else round(delay, 3),
         )
+        if delay is not None:
+            session.execute(  # give the lease back: the retry is another execution
+                update(Conversation)
+                .where(col(Conversation.id) == conversation_id)
+                .values(lease_owner=None, lease_until=None)
+            )
+            return [RunStep(conversation_id, turn_id, step, countdown=delay)]
         ended = finish_turn(
             session,
             outbox,
             conv,
             turn,
             TurnStatus.FAILED,
-            error=redact(f"model call failed: {exc}"),
+            error=redact(f"model call failed after {failures} attempt(s): {exc}"),
         )
     return ended or []
 

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator import Client, JobFailedError
 from schemas import AgentSpec, EventName
+from schemas.specs import RetryPolicy
 from tests.loopback_llm import LoopbackLLM
 
 pytestmark = pytest.mark.integration
@@ -63,3 +64,29 @@ def test_provider_error_fails_the_turn_with_status(client: Client, workers: Any)
     assert caught.value.status == "failed"
     failed = [e for e in job.events(timeout=5) if e.name is EventName.LLM_FAILED]
     assert failed and failed[0].data["status"] == 401 and "bad key" in failed[0].data["body"]
+
+
+def test_rate_limited_calls_are_retried_with_growing_backoff(client: Client, workers: Any) -> None:
+    # Given a model server that answers 429 twice, then succeeds
+    with LoopbackLLM() as server:
+        server.enqueue_error(429, n=2, message="slow down")
+        server.enqueue_text("Fine now.")
+        agent = AgentSpec(
+            **{
+                **loopback_agent(server).model_dump(),
+                "retry": RetryPolicy(initial_delay=0.5, factor=2.0, jitter=0.0),
+            }
+        )
+        job = client.submit(agent, "hi")
+        answer = job.result(timeout=60)
+    assert answer == "Fine now."
+    events = list(job.events(deltas=False, timeout=5))
+    failed = [e for e in events if e.name is EventName.LLM_FAILED]
+    requested = [e for e in events if e.name is EventName.LLM_REQUESTED]
+    assert [e.data["status"] for e in failed] == [429, 429]
+    assert [e.data["attempt"] for e in failed] == [1, 2]
+    assert [e.data["retry_in"] for e in failed] == [0.5, 1.0]  # the delay grew
+    assert len(requested) == 3 and len(server.requests) == 3
+    for fail, retry in zip(failed, requested[1:], strict=True):
+        waited = (retry.time - fail.time).total_seconds()
+        assert waited >= fail.data["retry_in"] * 0.9  # waited in the broker, not in a sleep
