@@ -86,6 +86,7 @@ from bench._harness import (  # noqa: E402
 )
 
 TASKS_MODULE = "bench.fanout_tasks"
+QUEUES = ("llm", "control", "tools")
 #: The flatness the bench aims at: largest / smallest per-child cost.
 TARGET_RATIO = 1.2
 
@@ -202,6 +203,29 @@ def fan_out(client: Any, fleet: Fleet, size: int, timeout: float) -> Run:
             f"fan-out of {size} answered {output!r}, expected {expected_answer(size)!r}"
         )
     return run
+
+
+def quiesce(redis_url: str, prefix: str, timeout: float = 300.0) -> float:
+    """Wait until this run's task queues and Celery's unacked set are empty;
+    return how long it took (work the last run left behind: e.g. the
+    ``chorus.advance`` tasks of children whose parent has already moved on)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    queues = [f"{prefix}:{q}" for q in QUEUES]
+    start = time.perf_counter()
+    try:
+        while time.perf_counter() - start < timeout:
+            pipe = client.pipeline(transaction=False)
+            for queue in queues:
+                pipe.llen(queue)
+            pipe.hlen(f"{prefix}:unacked")
+            if not any(pipe.execute()):
+                return time.perf_counter() - start
+            time.sleep(0.05)
+    finally:
+        client.close()
+    raise TimeoutError(f"the task queues did not drain within {timeout:.0f}s")
 
 
 # --- reporting ------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from orchestrator import registry
 from orchestrator.tools import Tool
 from schemas import AgentSpec
@@ -17,6 +19,7 @@ def Agent(
     *,
     subagents: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
     max_steps: int = 25,
+    output: type[BaseModel] | dict[str, Any] | None = None,
     model_settings: dict[str, Any] | None = None,
 ) -> AgentSpec:
     """Declare an agent and register it, so jobs can name it.
@@ -29,6 +32,9 @@ def Agent(
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
         max_steps: model calls allowed in one turn before it fails.
+        output: a pydantic model or JSON schema of a structured final answer:
+            the model gets a ``final_answer`` tool taking it, and the job's
+            ``status().structured`` carries the validated object.
         model_settings: extra litellm arguments (``temperature``, ``api_base``);
             never secrets, which litellm reads from the worker's environment.
     """
@@ -39,6 +45,7 @@ def Agent(
         tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
         subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
         max_steps=max_steps,
+        output_schema=output.model_json_schema() if isinstance(output, type) else output,
         model_settings=model_settings or {},
     )
     registry.register_agent(spec)

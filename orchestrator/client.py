@@ -188,6 +188,7 @@ class Job:
                 status=TurnStatus(turn.status),
                 step=turn.steps,
                 output=turn.output,
+                structured=turn.structured,
                 error=turn.error,
                 usage=Usage(
                     input_tokens=turn.input_tokens,

@@ -52,5 +52,6 @@ class JobStatus(Frozen):
     status: TurnStatus
     step: int
     output: str | None = None
+    structured: Any = None
     error: str | None = None
     usage: Usage = Usage()

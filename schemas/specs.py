@@ -52,6 +52,12 @@ class AgentSpec(Frozen):
     subagents: tuple[str, ...] = ()
     max_steps: int = Field(default=25, ge=1, le=1000)
     retry: RetryPolicy = RetryPolicy()
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="JSON schema (an object) of the structured final answer, given "
+        "through the final_answer tool",
+    )
+    output_retries: int = Field(default=2, ge=0, le=10)
     model_settings: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("subagents")
@@ -63,6 +69,13 @@ class AgentSpec(Frozen):
                 f"subagent names longer than {64 - len(SUBAGENT_PREFIX)} characters "
                 f"cannot be offered as tools: {long}"
             )
+        return value
+
+    @field_validator("output_schema")
+    @classmethod
+    def _object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "object":
+            raise ValueError("output_schema must be a JSON schema of type 'object'")
         return value
 
     @field_validator("model_settings")

@@ -6,6 +6,8 @@ import json
 import time
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 import examples.parallel_tools  # noqa: F401  (the example agent, for the end-to-end test)
 from orchestrator import Agent, ToolContext, tool
 from orchestrator.llm.scripted import Reply, ScriptedToolCall, call, register_script, scripted_model
@@ -302,3 +304,31 @@ register_script(
     ],
 )
 Agent("forker", scripted_model("forker"), subagents=["recall"])
+
+
+# -- structured output --------------------------------------------------------
+
+
+class Trip(BaseModel):
+    city: str
+    nights: int = Field(ge=1)
+
+
+def _after_rejection(ms: list[dict[str, Any]]) -> Reply:
+    seen = str(tool_results(ms)[-1])
+    if "does not match the schema" not in seen or "nights" not in seen:
+        return Reply.say(f"never saw the validation error: {seen}")
+    return Reply.call(call("final_answer", city="Lisbon", nights=3))
+
+
+register_script(
+    "extractor",
+    [
+        Reply.say("Lisbon, three nights."),  # text where a final answer is required
+        Reply.call(call("final_answer", city="Lisbon", nights="three")),  # invalid
+        _after_rejection,
+    ],
+)
+Agent("extractor", scripted_model("extractor"), output=Trip)
+register_script("stubborn", [Reply.call(call("final_answer", city="Lisbon"))] * 5)
+Agent("stubborn", scripted_model("stubborn"), output=Trip)

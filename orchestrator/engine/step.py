@@ -16,15 +16,25 @@ from orchestrator import context, registry
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import load_history
+from orchestrator.engine.output import (
+    FINAL_ANSWER,
+    NUDGE,
+    as_output,
+    final_answer_tool,
+    final_call,
+    problems,
+    rejection,
+)
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
+from orchestrator.events import Outbox
 from orchestrator.keys import cancelled
 from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
-from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, TurnStatus
+from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, ToolCallBlock, TurnStatus
 from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
 
@@ -251,6 +261,9 @@ def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
             tools.append(tool_to_openai(subagent_tool(name)))
         except UnknownAgentError:
             log.warning("agent %s names subagent %s that this worker lacks", spec.name, name)
+    final = final_answer_tool(spec)
+    if final is not None:
+        tools.append(tool_to_openai(final))
     return tools
 
 
@@ -276,6 +289,32 @@ def _segments(reply: ModelReply) -> list[tuple[int, bool, str]]:
     return out
 
 
+def _verdict(spec: AgentSpec, reply: ModelReply, errors: list[str] | None) -> str:
+    """What this reply does to the turn: ``answer`` (ends it with text),
+    ``structured`` (ends it with a valid final answer), ``nudge`` (text
+    where a final answer is required) or ``tools`` (a batch to run)."""
+    if errors == []:
+        return "structured"
+    if reply.tool_calls:
+        return "tools"
+    return "nudge" if spec.output_schema is not None else "answer"
+
+
+def _output_attempts(session: Session, turn_id: str) -> int:
+    """Rejected final answers and nudges so far in this turn."""
+    rejected = session.exec(
+        select(func.count())
+        .select_from(ToolCallRow)
+        .where(ToolCallRow.turn_id == turn_id, ToolCallRow.tool == FINAL_ANSWER)
+    ).one()
+    nudged = session.exec(
+        select(func.count())
+        .select_from(MessageRow)
+        .where(MessageRow.turn_id == turn_id, MessageRow.kind == "nudge")
+    ).one()
+    return int(rejected) + int(nudged)
+
+
 def _persist(
     rt: Runtime,
     conversation_id: str,
@@ -286,114 +325,231 @@ def _persist(
     clocks: tuple[float, float],
 ) -> list[Action]:
     """``clocks``: monotonic times the model call and the step task began."""
-    model_began, step_began = clocks
     with rt.transaction() as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
         conv, turn = loaded
-        content: list[ContentBlock] = []
-        if reply.thinking:
-            content.append(ThinkingBlock(thinking=reply.thinking))
-        if reply.text:
-            content.append(TextBlock(text=reply.text))
-        content.extend(reply.tool_calls)
-        usage = reply.usage
-        has_calls = bool(reply.tool_calls)
-        values: dict[str, Any] = {
-            "input_tokens": conv.input_tokens + usage.input_tokens,
-            "output_tokens": conv.output_tokens + usage.output_tokens,
-            "cost_usd": conv.cost_usd + usage.cost_usd,
-        }
-        if has_calls and not move_cursor(
-            session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **values
-        ):
-            return []
-        session.add(
-            MessageRow(
-                conversation_id=conv.id,
-                turn_id=turn_id,
-                step=step,
-                kind="assistant",
-                role="assistant",
-                content=[b.model_dump(mode="json") for b in content],
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cost_usd=usage.cost_usd,
-            )
-        )
-        turn.steps = step + 1
-        turn.input_tokens += usage.input_tokens
-        turn.output_tokens += usage.output_tokens
-        turn.cost_usd += usage.cost_usd
-        now = time.monotonic()
-        outbox.record(
-            EventName.LLM_COMPLETED,
-            conv,
-            turn,
-            step,
-            seconds=round(now - model_began, 4),
-            step_seconds=round(now - step_began, 4),
-        )
-        outbox.record(
-            EventName.USAGE,
-            conv,
-            turn,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cost_usd=usage.cost_usd,
-            step=step,
-        )
-        outbox.record(
-            EventName.ASSISTANT_MESSAGE,
-            conv,
-            turn,
-            text=reply.text,
-            tool_calls=len(reply.tool_calls),
-            step=step,
-        )
-        tasks: list[ToolTask] = []
-        for position, (call, (segment, parallel, queue)) in enumerate(
-            zip(reply.tool_calls, _segments(reply), strict=True)
-        ):
-            row = ToolCallRow(
-                conversation_id=conv.id,
-                turn_id=turn_id,
-                step=step,
-                position=position,
-                segment=segment,
-                tool_request_id=call.tool_request_id,
-                tool=call.tool,
-                params=call.params,
-                parallelizable=parallel,
-                queue=queue,
-            )
-            session.add(row)
-            outbox.record(
-                EventName.SUBAGENT_REQUESTED
-                if is_subagent_call(call.tool)
-                else EventName.TOOL_REQUESTED,
-                conv,
-                turn,
-                tool=call.tool,
-                tool_request_id=call.tool_request_id,
-                params=call.params,
-                segment=segment,
-                step=step,
-            )
-            if segment == 0:
-                tasks.append(ToolTask(row.id, call.tool, queue))
-        ended: list[Action] | None = []
-        if not has_calls:
-            ended = finish_turn(
-                session, outbox, conv, turn, TurnStatus.COMPLETED, output=reply.text, **values
-            )
-        if ended is None:
+        spec = AgentSpec.model_validate(conv.agent_spec)
+        final = final_call(spec, reply.tool_calls)
+        errors = problems(spec, final.params) if final else None
+        verdict = _verdict(spec, reply, errors)
+        if (verdict == "nudge" or errors) and _output_attempts(
+            session, turn_id
+        ) >= spec.output_retries:
+            verdict = "give-up"
+        totals = _add_usage(session, outbox, conv, turn, step, reply, clocks)
+        if verdict == "tools":
+            actions = _record_calls(session, outbox, conv, turn, step, reply, totals, errors)
+        elif verdict == "nudge":
+            actions = _nudge(session, conv, turn_id, step, totals)
+        else:
+            actions = _end(session, outbox, conv, turn, spec, verdict, reply, final, errors, totals)
+        if actions is None:  # another copy moved the cursor first
             outbox.discard()
             session.rollback()
             return []
-        session.add(turn)
-    log.info("step %d: model answered with %d tool calls", step, len(reply.tool_calls))
-    if not has_calls:
-        return ended
-    return [RunSegment(conversation_id, turn_id, step, 0, tuple(tasks))]
+    log.info(
+        "step %d: model answered with %d tool calls (%s)", step, len(reply.tool_calls), verdict
+    )
+    return actions
+
+
+def _add_usage(
+    session: Session,
+    outbox: Outbox,
+    conv: Conversation,
+    turn: Turn,
+    step: int,
+    reply: ModelReply,
+    clocks: tuple[float, float],
+) -> dict[str, Any]:
+    """Store the assistant message and its usage; return the conversation's new totals."""
+    model_began, step_began = clocks
+    content: list[ContentBlock] = []
+    if reply.thinking:
+        content.append(ThinkingBlock(thinking=reply.thinking))
+    if reply.text:
+        content.append(TextBlock(text=reply.text))
+    content.extend(reply.tool_calls)
+    usage = reply.usage
+    session.add(
+        MessageRow(
+            conversation_id=conv.id,
+            turn_id=turn.id,
+            step=step,
+            kind="assistant",
+            role="assistant",
+            content=[b.model_dump(mode="json") for b in content],
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_usd=usage.cost_usd,
+        )
+    )
+    turn.steps = step + 1
+    turn.input_tokens += usage.input_tokens
+    turn.output_tokens += usage.output_tokens
+    turn.cost_usd += usage.cost_usd
+    session.add(turn)
+    now = time.monotonic()
+    outbox.record(
+        EventName.LLM_COMPLETED,
+        conv,
+        turn,
+        step,
+        seconds=round(now - model_began, 4),
+        step_seconds=round(now - step_began, 4),
+    )
+    outbox.record(
+        EventName.USAGE,
+        conv,
+        turn,
+        step,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost_usd=usage.cost_usd,
+    )
+    outbox.record(
+        EventName.ASSISTANT_MESSAGE,
+        conv,
+        turn,
+        step,
+        text=reply.text,
+        tool_calls=len(reply.tool_calls),
+    )
+    return {
+        "input_tokens": conv.input_tokens + usage.input_tokens,
+        "output_tokens": conv.output_tokens + usage.output_tokens,
+        "cost_usd": conv.cost_usd + usage.cost_usd,
+    }
+
+
+def _record_calls(
+    session: Session,
+    outbox: Outbox,
+    conv: Conversation,
+    turn: Turn,
+    step: int,
+    reply: ModelReply,
+    totals: dict[str, Any],
+    errors: list[str] | None,
+) -> list[Action] | None:
+    """Store the tool calls, segment by segment, and return segment 0 to run.
+    A rejected final answer is stored with its error result and not run."""
+    if not move_cursor(
+        session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
+    ):
+        return None
+    tasks: list[ToolTask] = []
+    for position, (call, (segment, parallel, queue)) in enumerate(
+        zip(reply.tool_calls, _segments(reply), strict=True)
+    ):
+        row = ToolCallRow(
+            conversation_id=conv.id,
+            turn_id=turn.id,
+            step=step,
+            position=position,
+            segment=segment,
+            tool_request_id=call.tool_request_id,
+            tool=call.tool,
+            params=call.params,
+            parallelizable=parallel,
+            queue=queue,
+        )
+        rejected = call.tool == FINAL_ANSWER and errors is not None
+        if rejected:
+            row.status, row.is_error, row.finished_at = "failed", True, utcnow()
+            row.result = rejection(errors or [])
+        session.add(row)
+        outbox.record(
+            EventName.SUBAGENT_REQUESTED
+            if is_subagent_call(call.tool)
+            else EventName.TOOL_REQUESTED,
+            conv,
+            turn,
+            step,
+            tool=call.tool,
+            tool_request_id=call.tool_request_id,
+            params=call.params,
+            segment=segment,
+        )
+        if rejected:
+            outbox.record(
+                EventName.TOOL_FAILED,
+                conv,
+                turn,
+                step,
+                tool=call.tool,
+                tool_request_id=call.tool_request_id,
+                result=row.result,
+            )
+        elif segment == 0:
+            tasks.append(ToolTask(row.id, call.tool, queue))
+    return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks))]
+
+
+def _nudge(
+    session: Session, conv: Conversation, turn_id: str, step: int, totals: dict[str, Any]
+) -> list[Action] | None:
+    """A text answer where a final answer is required: ask again."""
+    if not move_cursor(
+        session,
+        conv,
+        cursor_step=step + 1,
+        cursor_segment=-1,
+        lease_owner=None,
+        lease_until=None,
+        **totals,
+    ):
+        return None
+    session.add(
+        MessageRow(
+            conversation_id=conv.id,
+            turn_id=turn_id,
+            step=step,
+            kind="nudge",
+            role="user",
+            content=[TextBlock(text=NUDGE).model_dump()],
+        )
+    )
+    return [RunStep(conv.id, turn_id, step + 1)]
+
+
+def _end(
+    session: Session,
+    outbox: Outbox,
+    conv: Conversation,
+    turn: Turn,
+    spec: AgentSpec,
+    verdict: str,
+    reply: ModelReply,
+    final: ToolCallBlock | None,
+    errors: list[str] | None,
+    totals: dict[str, Any],
+) -> list[Action] | None:
+    if verdict == "structured":
+        assert final is not None
+        turn.structured = final.params
+        return finish_turn(
+            session,
+            outbox,
+            conv,
+            turn,
+            TurnStatus.COMPLETED,
+            output=as_output(final.params),
+            **totals,
+        )
+    if verdict == "give-up":
+        reason = rejection(errors) if errors else "no final_answer call"
+        return finish_turn(
+            session,
+            outbox,
+            conv,
+            turn,
+            TurnStatus.FAILED,
+            error=f"no valid structured output after {spec.output_retries + 1} attempts: {reason}",
+            **totals,
+        )
+    return finish_turn(
+        session, outbox, conv, turn, TurnStatus.COMPLETED, output=reply.text, **totals
+    )

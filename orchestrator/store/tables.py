@@ -110,7 +110,17 @@ class Turn(SQLModel, table=True):
     idempotency_key: str | None = Field(default=None, unique=True, max_length=200)
     correlation_id: str = Field(default_factory=new_id, index=True, max_length=64)
     parent_call_id: str | None = Field(default=None, unique=True, index=True, max_length=64)
+    #: The job this turn belongs to: its own id for a top-level turn, the
+    #: top-level turn's for a subagent's. Budgets and tree usage live there.
+    job_id: str | None = Field(default=None, index=True, max_length=64)
+    budget: dict[str, Any] | None = _json()
+    tree_input_tokens: int = 0
+    tree_output_tokens: int = 0
+    tree_cost_usd: float = 0.0
+    tree_steps: int = 0
+    tree_tool_calls: int = 0
     output: str | None = Field(default=None, sa_type=Text)
+    structured: Any = _json()
     error: str | None = Field(default=None, sa_type=Text)
     steps: int = 0
     input_tokens: int = 0
