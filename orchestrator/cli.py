@@ -170,6 +170,11 @@ def _report(job: Job) -> None:
     status = job.status()
     colour = "green" if status.status.value == "completed" else "red"
     console.print(f"\n[{colour}]{status.status.value}[/] job {job.id} after {status.step} steps")
+    for label, usage in (("turn", status.usage), ("tree", status.tree_usage)):
+        console.print(
+            f"{label} usage: {usage.input_tokens} in + {usage.output_tokens} out tokens, "
+            f"{usage.cost_usd:.6f} USD"
+        )
     if status.output:
         console.print(f"[bold]answer:[/] {status.output}")
     if status.error:

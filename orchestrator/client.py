@@ -25,6 +25,7 @@ from orchestrator.store.tables import Conversation, EventRow, Turn
 from schemas import (
     TERMINAL_TURN_EVENTS,
     AgentSpec,
+    Budget,
     Event,
     JobRequest,
     JobStatus,
@@ -63,6 +64,7 @@ class Client:
         conversation_id: str | None = None,
         context_data: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        budget: Budget | None = None,
     ) -> Job:
         """Start a turn: run ``agent`` on ``input``.
 
@@ -79,6 +81,7 @@ class Client:
                 conversation_id=conversation_id,
                 context_data=context_data or {},
                 idempotency_key=idempotency_key,
+                budget=budget,
             )
         except ValidationError as exc:
             raise _invalid(exc) from None
@@ -149,6 +152,18 @@ class Client:
         """Replace the conversation's history with ``messages`` (validated)."""
         return conversations.load(self.runtime, conversation_id, messages)
 
+    def usage(self, conversation_id: str) -> Usage:
+        """Tokens and cost of every model call of the conversation."""
+        with self.runtime.session() as session:
+            conv = session.get(Conversation, conversation_id)
+            if conv is None:
+                raise ConversationNotFound(conversation_id)
+            return Usage(
+                input_tokens=conv.input_tokens,
+                output_tokens=conv.output_tokens,
+                cost_usd=conv.cost_usd,
+            )
+
     def history(self, conversation_id: str) -> list[Message]:
         """Every stored message of the conversation, oldest first."""
         with self.runtime.session() as session:
@@ -194,6 +209,11 @@ class Job:
                     input_tokens=turn.input_tokens,
                     output_tokens=turn.output_tokens,
                     cost_usd=turn.cost_usd,
+                ),
+                tree_usage=Usage(
+                    input_tokens=turn.tree_input_tokens,
+                    output_tokens=turn.tree_output_tokens,
+                    cost_usd=turn.tree_cost_usd,
                 ),
             )
 

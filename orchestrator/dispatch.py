@@ -6,7 +6,14 @@ from collections.abc import Iterable
 
 from celery import Celery, Signature, chain, chord, group
 
-from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment, RunStep
+from orchestrator.engine.actions import (
+    Action,
+    Dequeue,
+    Revoke,
+    RunAdvance,
+    RunSegment,
+    RunStep,
+)
 
 
 def _short(value: str) -> str:
@@ -35,6 +42,9 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
             _send_segment(app, action)
         elif isinstance(action, RunAdvance):
             _advance(app, action).apply_async()
+        elif isinstance(action, Revoke):
+            if action.task_ids:
+                app.control.revoke(list(action.task_ids))
         elif isinstance(action, Dequeue):
             app.signature(
                 "chorus.dequeue",

@@ -14,11 +14,12 @@ from schemas.content import (
 )
 from schemas.events import TERMINAL_TURN_EVENTS, Event, EventName
 from schemas.jobs import ConversationState, JobRequest, JobStatus, TurnStatus
-from schemas.specs import AgentSpec, ToolSpec
+from schemas.specs import AgentSpec, Budget, RetryPolicy, ToolSpec
 
 __all__ = [
     "TERMINAL_TURN_EVENTS",
     "AgentSpec",
+    "Budget",
     "ContentBlock",
     "ConversationState",
     "Event",
@@ -27,6 +28,7 @@ __all__ = [
     "JobStatus",
     "Message",
     "RawBlock",
+    "RetryPolicy",
     "Role",
     "TextBlock",
     "ThinkingBlock",

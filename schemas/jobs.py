@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from schemas.content import Frozen, Usage
-from schemas.specs import AgentSpec
+from schemas.specs import AgentSpec, Budget
 
 #: Largest accepted input text, in characters.
 MAX_INPUT_CHARS = 200_000
@@ -40,6 +40,7 @@ class JobRequest(Frozen):
     conversation_id: str | None = Field(default=None, max_length=64)
     context_data: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    budget: Budget | None = None
 
 
 class JobStatus(Frozen):
@@ -55,3 +56,4 @@ class JobStatus(Frozen):
     structured: Any = None
     error: str | None = None
     usage: Usage = Usage()
+    tree_usage: Usage = Usage()

@@ -37,6 +37,20 @@ class RetryPolicy(Frozen):
     jitter: float = Field(default=0.2, ge=0, le=1, description="± fraction of each delay")
 
 
+class Budget(Frozen):
+    """Limits on one job, over its whole subagent tree. Unset: unlimited.
+
+    When ``tool_calls`` is spent the model is told so and answers once more
+    without tools; any other exceeded limit ends the job (``budget.exceeded``).
+    """
+
+    cost_usd: float | None = Field(default=None, gt=0)
+    tokens: int | None = Field(default=None, gt=0, description="input + output tokens")
+    steps: int | None = Field(default=None, gt=0, description="model calls")
+    tool_calls: int | None = Field(default=None, ge=0)
+    wall_seconds: float | None = Field(default=None, gt=0)
+
+
 class AgentSpec(Frozen):
     """An agent: a model, a system prompt, tool names and limits.
 
@@ -52,6 +66,9 @@ class AgentSpec(Frozen):
     subagents: tuple[str, ...] = ()
     max_steps: int = Field(default=25, ge=1, le=1000)
     retry: RetryPolicy = RetryPolicy()
+    budget: Budget | None = Field(
+        default=None, description="Default budget of jobs run on this agent."
+    )
     output_schema: dict[str, Any] | None = Field(
         default=None,
         description="JSON schema (an object) of the structured final answer, given "

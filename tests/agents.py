@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+import litellm
 from pydantic import BaseModel, Field
 
 import examples.parallel_tools  # noqa: F401  (the example agent, for the end-to-end test)
@@ -332,3 +333,45 @@ register_script(
 Agent("extractor", scripted_model("extractor"), output=Trip)
 register_script("stubborn", [Reply.call(call("final_answer", city="Lisbon"))] * 5)
 Agent("stubborn", scripted_model("stubborn"), output=Trip)
+
+
+# -- budgets ------------------------------------------------------------------
+
+litellm.register_model(  # a price for the scripted child, so its calls cost something
+    {
+        "scripted/priced-child": {
+            "input_cost_per_token": 0.001,
+            "output_cost_per_token": 0.002,
+            "litellm_provider": "scripted",
+            "mode": "chat",
+        }
+    }
+)
+register_script(
+    "priced-child", [Reply(text="expensive answer", input_tokens=100, output_tokens=100)] * 3
+)
+Agent("priced-child", scripted_model("priced-child"))  # 0.30 USD a call
+register_script(
+    "budget-lead",
+    [
+        Reply.call(*(call("subagent__priced-child", task=f"c{i}") for i in range(3))),
+        echo_results,
+    ],
+)
+Agent("budget-lead", scripted_model("budget-lead"), subagents=["priced-child"])
+
+
+def _without_tools(ms: list[dict[str, Any]]) -> Reply:
+    if "tool-call budget of this job is spent" in ms[0]["content"]:
+        return Reply.say(f"out of tools: {json.dumps(tool_results(ms))}")
+    return Reply.call(call("add", a=1, b=1))
+
+
+register_script(
+    "toolhungry",
+    [
+        Reply.call(call("add", a=1, b=2), call("add", a=3, b=4), call("add", a=5, b=6)),
+        _without_tools,
+    ],
+)
+Agent("toolhungry", scripted_model("toolhungry"), system="Add things.", tools=[add])

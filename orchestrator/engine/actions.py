@@ -56,4 +56,11 @@ class Dequeue:
     conversation_id: str
 
 
-Action = RunStep | RunSegment | RunAdvance | Dequeue
+@dataclass(frozen=True)
+class Revoke:
+    """Revoke these tasks (tool calls of a stopped tree; their ids are the call ids)."""
+
+    task_ids: tuple[str, ...]
+
+
+Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke

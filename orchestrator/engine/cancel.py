@@ -55,6 +55,13 @@ def cancel(rt: Runtime, job_id: str) -> tuple[list[str], list[Action]]:
     """Cancel the job's tree. Returns the tool call ids (= task ids) to
     revoke and what to dispatch next (the root conversation's dequeue).
     Idempotent: a finished job has nothing left to cancel."""
+    return stop_tree(rt, job_id, TurnStatus.CANCELLED, "cancelled")
+
+
+def stop_tree(
+    rt: Runtime, job_id: str, status: TurnStatus, reason: str
+) -> tuple[list[str], list[Action]]:
+    """End every running turn of the job's tree with ``status`` and ``reason``."""
     with rt.session() as session:
         root = session.get(Turn, job_id)
         if root is None:
@@ -86,8 +93,8 @@ def cancel(rt: Runtime, job_id: str) -> tuple[list[str], list[Action]]:
                     outbox,
                     conv,
                     turn,
-                    TurnStatus.CANCELLED,
-                    error="cancelled",
+                    status,
+                    error=reason,
                     notify_parent=False,
                 )
                 if ended is None:  # a cursor moved meanwhile: undo this round, go again
@@ -99,4 +106,4 @@ def cancel(rt: Runtime, job_id: str) -> tuple[list[str], list[Action]]:
             else:
                 revoke += round_revoke
                 actions += round_actions
-    raise RuntimeError(f"job {job_id}: turns kept moving while being cancelled")
+    raise RuntimeError(f"job {job_id}: turns kept moving while being stopped")

@@ -13,7 +13,9 @@ from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from orchestrator import context, registry
-from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
+from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
+from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, job_of, roll_up, tool_calls_left
+from orchestrator.engine.cancel import stop_tree
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import load_history
 from orchestrator.engine.output import (
@@ -92,18 +94,23 @@ def run_step(
                 error=f"no final answer within max_steps={spec.max_steps}",
             )
             return ended or []
-        history = context.apply(load_history(session, conv.id))
-        outbox.record(
-            EventName.LLM_REQUESTED,
-            conv,
-            turn,
-            step=step,
-            model=spec.model,
-        )
+        job = job_of(session, turn)
+        over = exceeded(job)
+        if over is not None:
+            outbox.record(EventName.BUDGET_EXCEEDED, conv, turn, step, reason=over, job_id=job.id)
+            job_id = job.id
+        else:
+            tools_allowed = tool_calls_left(job) != 0
+            history = context.apply(load_history(session, conv.id))
+            outbox.record(EventName.LLM_REQUESTED, conv, turn, step, model=spec.model)
         correlation_id = turn.correlation_id
         root_id = conv.root_id
+    if over is not None:
+        revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over)
+        return [*actions, Revoke(tuple(revoke))]
 
-    tools = _offered_tools(spec)
+    tools = _offered_tools(spec) if tools_allowed else []
+    system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
     renew = _LeaseRenewer(rt, conversation_id, owner)
 
     def on_delta(text: str) -> None:
@@ -125,7 +132,7 @@ def run_step(
     try:
         reply = complete(
             spec.model,
-            to_openai_messages(spec.system, history),
+            to_openai_messages(system, history),
             tools or None,
             spec.model_settings,
             on_delta=on_delta,
@@ -136,7 +143,9 @@ def run_step(
     if reply.stopped:
         log.info("step %d: model call stopped: the job was cancelled", step)
         return []
-    return _persist(rt, conversation_id, turn_id, step, owner, reply, (started, began))
+    return _persist(
+        rt, conversation_id, turn_id, step, owner, reply, (started, began), tools_allowed
+    )
 
 
 def _cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Callable[[], bool]:
@@ -289,12 +298,17 @@ def _segments(reply: ModelReply) -> list[tuple[int, bool, str]]:
     return out
 
 
-def _verdict(spec: AgentSpec, reply: ModelReply, errors: list[str] | None) -> str:
+def _verdict(
+    spec: AgentSpec, reply: ModelReply, errors: list[str] | None, tools_allowed: bool
+) -> str:
     """What this reply does to the turn: ``answer`` (ends it with text),
     ``structured`` (ends it with a valid final answer), ``nudge`` (text
-    where a final answer is required) or ``tools`` (a batch to run)."""
+    where a final answer is required) or ``tools`` (a batch to run). Once
+    the tool-call budget is spent, whatever the model says is its answer."""
     if errors == []:
         return "structured"
+    if not tools_allowed:
+        return "answer"
     if reply.tool_calls:
         return "tools"
     return "nudge" if spec.output_schema is not None else "answer"
@@ -323,6 +337,7 @@ def _persist(
     owner: str,
     reply: ModelReply,
     clocks: tuple[float, float],
+    tools_allowed: bool,
 ) -> list[Action]:
     """``clocks``: monotonic times the model call and the step task began."""
     with rt.transaction() as (session, outbox):
@@ -333,14 +348,18 @@ def _persist(
         spec = AgentSpec.model_validate(conv.agent_spec)
         final = final_call(spec, reply.tool_calls)
         errors = problems(spec, final.params) if final else None
-        verdict = _verdict(spec, reply, errors)
+        verdict = _verdict(spec, reply, errors, tools_allowed)
         if (verdict == "nudge" or errors) and _output_attempts(
             session, turn_id
         ) >= spec.output_retries:
             verdict = "give-up"
         totals = _add_usage(session, outbox, conv, turn, step, reply, clocks)
+        job = job_of(session, turn)
+        left = tool_calls_left(job)
+        runs = len(reply.tool_calls) if verdict == "tools" else 0
+        roll_up(session, job.id, reply.usage, runs if left is None else min(runs, left))
         if verdict == "tools":
-            actions = _record_calls(session, outbox, conv, turn, step, reply, totals, errors)
+            actions = _record_calls(session, outbox, conv, turn, step, reply, totals, errors, left)
         elif verdict == "nudge":
             actions = _nudge(session, conv, turn_id, step, totals)
         else:
@@ -433,9 +452,11 @@ def _record_calls(
     reply: ModelReply,
     totals: dict[str, Any],
     errors: list[str] | None,
+    left: int | None,
 ) -> list[Action] | None:
     """Store the tool calls, segment by segment, and return segment 0 to run.
-    A rejected final answer is stored with its error result and not run."""
+    A rejected final answer, or a call past the job's tool-call budget
+    (``left``), is stored with its error result and not run."""
     if not move_cursor(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
@@ -456,10 +477,15 @@ def _record_calls(
             parallelizable=parallel,
             queue=queue,
         )
-        rejected = call.tool == FINAL_ANSWER and errors is not None
+        refusal = None
+        if call.tool == FINAL_ANSWER and errors is not None:
+            refusal = rejection(errors)
+        elif left is not None and position >= left:
+            refusal = f"Error: not run: {NO_MORE_TOOLS}"
+        rejected = refusal is not None
         if rejected:
             row.status, row.is_error, row.finished_at = "failed", True, utcnow()
-            row.result = rejection(errors or [])
+            row.result = refusal
         session.add(row)
         outbox.record(
             EventName.SUBAGENT_REQUESTED

@@ -133,6 +133,7 @@ def start_child(
         context_data=turn.context_data,
         correlation_id=turn.correlation_id,
         parent_call_id=call.id,
+        job_id=turn.job_id or turn.id,
     )
     child.turn_id = child_turn.id
     session.add_all([child, child_turn])

@@ -78,6 +78,9 @@ def start_turn(
                 context_data=request.context_data,
                 idempotency_key=request.idempotency_key,
             )
+            turn.job_id = turn.id
+            budget = request.budget or spec.budget
+            turn.budget = budget.model_dump(mode="json") if budget else None
             session.add(turn)
             session.add(
                 MessageRow(

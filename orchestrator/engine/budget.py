@@ -1,0 +1,68 @@
+"""Budgets per job, rolled up over the whole subagent tree.
+
+Every step adds its tokens, cost and tool calls to the job's turn (the
+top-level turn of the tree). A step checks the job's budget before calling
+the model: a spent tool-call budget takes the tools away for one last
+answer; any other exceeded limit stops the tree with ``budget.exceeded``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import update
+from sqlmodel import Session, col
+
+from orchestrator.store.tables import Turn, utcnow
+from schemas import Budget, Usage
+
+#: What the model is told when the tool-call budget is spent.
+NO_MORE_TOOLS = (
+    "The tool-call budget of this job is spent: answer now from what you have, without tools."
+)
+
+
+def job_of(session: Session, turn: Turn) -> Turn:
+    job = session.get(Turn, turn.job_id or turn.id)
+    assert job is not None
+    return job
+
+
+def exceeded(job: Turn) -> str | None:
+    """Why the job's budget is exceeded (tool calls aside), or None."""
+    if not job.budget:
+        return None
+    budget = Budget.model_validate(job.budget)
+    tokens = job.tree_input_tokens + job.tree_output_tokens
+    elapsed = (utcnow() - job.started_at).total_seconds()
+    checks = [
+        (budget.cost_usd, job.tree_cost_usd, "cost", "USD"),
+        (budget.tokens, tokens, "tokens", "tokens"),
+        (budget.steps, job.tree_steps, "steps", "model calls"),
+        (budget.wall_seconds, elapsed, "wall time", "s"),
+    ]
+    for limit, used, what, unit in checks:
+        if limit is not None and used >= limit:
+            return f"{what} budget exceeded: {used:g} {unit} used of {limit:g}"
+    return None
+
+
+def tool_calls_left(job: Turn) -> int | None:
+    """Tool calls the job may still make (None: unlimited)."""
+    if not job.budget:
+        return None
+    limit = Budget.model_validate(job.budget).tool_calls
+    return None if limit is None else max(0, limit - job.tree_tool_calls)
+
+
+def roll_up(session: Session, job_id: str, usage: Usage, tool_calls: int) -> None:
+    """Add one step's usage to the job's tree totals (atomically)."""
+    session.execute(
+        update(Turn)
+        .where(col(Turn.id) == job_id)
+        .values(
+            tree_input_tokens=col(Turn.tree_input_tokens) + usage.input_tokens,
+            tree_output_tokens=col(Turn.tree_output_tokens) + usage.output_tokens,
+            tree_cost_usd=col(Turn.tree_cost_usd) + usage.cost_usd,
+            tree_steps=col(Turn.tree_steps) + 1,
+            tree_tool_calls=col(Turn.tree_tool_calls) + tool_calls,
+        )
+    )

@@ -1,0 +1,50 @@
+"""Budgets per job, rolled up over the subagent tree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlmodel import col, select
+
+from orchestrator import Client, JobFailedError
+from orchestrator.store.tables import ToolCallRow
+from schemas import Budget, EventName, TurnStatus
+
+pytestmark = pytest.mark.integration
+
+
+def test_children_costs_together_pass_the_root_budget(client: Client, workers: Any) -> None:
+    # Given a parent whose three children cost 0.30 USD each, and a 0.50 USD budget
+    job = client.submit("budget-lead", "spend", budget=Budget(cost_usd=0.5))
+
+    # Then the job stops with budget.exceeded once the tree has spent it
+    with pytest.raises(JobFailedError, match=r"cost budget exceeded: 0\.9 USD used of 0\.5"):
+        job.result(timeout=60)
+    status = job.status()
+    assert status.status is TurnStatus.FAILED
+    # and the job's usage includes every child
+    assert status.tree_usage.cost_usd == pytest.approx(0.9)
+    assert status.tree_usage.input_tokens >= 300 and status.tree_usage.output_tokens >= 300
+    assert status.usage.cost_usd == 0.0  # the parent's own (unpriced) calls
+    events = list(job.events(deltas=False, timeout=5))
+    exceeded = [e for e in events if e.name is EventName.BUDGET_EXCEEDED]
+    assert len(exceeded) == 1 and "cost budget exceeded" in exceeded[0].data["reason"]
+    assert events[-1].name is EventName.TURN_FAILED
+
+
+def test_spent_tool_budget_leaves_one_last_answer_without_tools(
+    client: Client, workers: Any
+) -> None:
+    job = client.submit("toolhungry", "add", budget=Budget(tool_calls=2))
+    answer = job.result(timeout=60)
+    assert answer.startswith("out of tools:")
+    with client.runtime.session() as s:
+        calls = s.exec(
+            select(ToolCallRow)
+            .where(ToolCallRow.turn_id == job.id)
+            .order_by(col(ToolCallRow.position))
+        ).all()
+    assert [(c.status, c.result) for c in calls[:2]] == [("completed", 3), ("completed", 7)]
+    assert calls[2].is_error and "tool-call budget of this job is spent" in calls[2].result
+    assert job.status().step == 2
