@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from orchestrator import registry
 from orchestrator.tools import Tool
-from schemas import AgentSpec
+from schemas import AgentSpec, Budget, RateLimit
 
 
 def Agent(
@@ -19,6 +19,8 @@ def Agent(
     *,
     subagents: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
     max_steps: int = 25,
+    rate_limits: list[RateLimit] | tuple[RateLimit, ...] = (),
+    budget: Budget | None = None,
     output: type[BaseModel] | dict[str, Any] | None = None,
     model_settings: dict[str, Any] | None = None,
 ) -> AgentSpec:
@@ -32,6 +34,8 @@ def Agent(
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
         max_steps: model calls allowed in one turn before it fails.
+        rate_limits: limits on model calls shared by every worker.
+        budget: the default budget of jobs on this agent (over their tree).
         output: a pydantic model or JSON schema of a structured final answer:
             the model gets a ``final_answer`` tool taking it, and the job's
             ``status().structured`` carries the validated object.
@@ -45,6 +49,8 @@ def Agent(
         tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
         subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
         max_steps=max_steps,
+        rate_limits=tuple(rate_limits),
+        budget=budget,
         output_schema=output.model_json_schema() if isinstance(output, type) else output,
         model_settings=model_settings or {},
     )

@@ -14,7 +14,7 @@ from schemas.content import (
 )
 from schemas.events import TERMINAL_TURN_EVENTS, Event, EventName
 from schemas.jobs import ConversationState, JobRequest, JobStatus, TurnStatus
-from schemas.specs import AgentSpec, Budget, RetryPolicy, ToolSpec
+from schemas.specs import AgentSpec, Budget, RateLimit, RetryPolicy, ToolSpec
 
 __all__ = [
     "TERMINAL_TURN_EVENTS",
@@ -27,6 +27,7 @@ __all__ = [
     "JobRequest",
     "JobStatus",
     "Message",
+    "RateLimit",
     "RawBlock",
     "RetryPolicy",
     "Role",

@@ -37,6 +37,20 @@ class RetryPolicy(Frozen):
     jitter: float = Field(default=0.2, ge=0, le=1, description="± fraction of each delay")
 
 
+class RateLimit(Frozen):
+    """A limit on model calls shared by every worker (counted in Redis).
+
+    ``key`` names the counter: the agent's model by default, or a template
+    filled from the job's ``context_data`` (``"tenant:{tenant}"``). A call
+    over the limit is deferred until the window has room, never dropped.
+    """
+
+    key: str | None = Field(default=None, max_length=200)
+    requests: int | None = Field(default=None, gt=0, description="calls per period")
+    tokens: int | None = Field(default=None, gt=0, description="prompt tokens per period")
+    period: float = Field(default=1.0, gt=0, description="seconds")
+
+
 class Budget(Frozen):
     """Limits on one job, over its whole subagent tree. Unset: unlimited.
 
@@ -66,6 +80,7 @@ class AgentSpec(Frozen):
     subagents: tuple[str, ...] = ()
     max_steps: int = Field(default=25, ge=1, le=1000)
     retry: RetryPolicy = RetryPolicy()
+    rate_limits: tuple[RateLimit, ...] = ()
     budget: Budget | None = Field(
         default=None, description="Default budget of jobs run on this agent."
     )

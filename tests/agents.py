@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 import examples.parallel_tools  # noqa: F401  (the example agent, for the end-to-end test)
 from orchestrator import Agent, ToolContext, tool
 from orchestrator.llm.scripted import Reply, ScriptedToolCall, call, register_script, scripted_model
+from schemas import RateLimit
 
 
 def tool_results(messages: list[dict[str, Any]]) -> list[Any]:
@@ -375,3 +376,14 @@ register_script(
     ],
 )
 Agent("toolhungry", scripted_model("toolhungry"), system="Add things.", tools=[add])
+
+
+# -- rate limits --------------------------------------------------------------
+
+RATE = 5  # model calls a second, across every worker
+register_script("limited", [lambda ms: Reply.say(f"ok {ms[-1]['content']}")] * 3)
+Agent(
+    "limited",
+    scripted_model("limited"),
+    rate_limits=[RateLimit(key="tenant:{tenant}", requests=RATE, period=1.0)],
+)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from orchestrator.keys import cancelled
 from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
+from orchestrator.ratelimit import admit, estimate_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
 from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, ToolCallBlock, TurnStatus
@@ -41,6 +44,11 @@ from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
 
 log = logging.getLogger(__name__)
+
+
+def _worker() -> str:
+    """Which process makes a model call (in ``llm.requested`` events)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def new_lease_owner() -> str:
@@ -101,8 +109,32 @@ def run_step(
             job_id = job.id
         else:
             tools_allowed = tool_calls_left(job) != 0
-            history = context.apply(load_history(session, conv.id))
-            outbox.record(EventName.LLM_REQUESTED, conv, turn, step, model=spec.model)
+            system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
+            messages = to_openai_messages(system, context.apply(load_history(session, conv.id)))
+            wait, admitted_at = admit(
+                rt.redis,
+                rt.settings.redis_prefix,
+                spec.rate_limits,
+                spec.model,
+                turn.context_data,
+                estimate_tokens(messages),
+            )
+            if wait > 0:  # over a rate limit: come back when the window has room
+                session.execute(
+                    update(Conversation)
+                    .where(col(Conversation.id) == conversation_id)
+                    .values(lease_owner=None, lease_until=None)
+                )
+                return [RunStep(conversation_id, turn_id, step, countdown=wait)]
+            outbox.record(
+                EventName.LLM_REQUESTED,
+                conv,
+                turn,
+                step,
+                model=spec.model,
+                admitted_at=admitted_at,
+                worker=_worker(),
+            )
         correlation_id = turn.correlation_id
         root_id = conv.root_id
     if over is not None:
@@ -110,7 +142,6 @@ def run_step(
         return [*actions, Revoke(tuple(revoke))]
 
     tools = _offered_tools(spec) if tools_allowed else []
-    system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
     renew = _LeaseRenewer(rt, conversation_id, owner)
 
     def on_delta(text: str) -> None:
@@ -132,7 +163,7 @@ def run_step(
     try:
         reply = complete(
             spec.model,
-            to_openai_messages(system, history),
+            messages,
             tools or None,
             spec.model_settings,
             on_delta=on_delta,

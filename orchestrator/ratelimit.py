@@ -1,0 +1,92 @@
+"""Distributed rate limits on model calls: sliding windows in Redis.
+
+Each limit keeps a sorted set of admitted calls (score: time). Admission is
+one Lua script, so every worker shares the window atomically: a call is
+admitted if the window holds fewer than ``requests`` calls and fewer than
+``tokens`` prompt tokens; otherwise the script answers how long until the
+oldest entry leaves the window, and the step is sent again with that
+countdown (deferred, never dropped, never spinning in a worker slot).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis
+
+from schemas import RateLimit
+
+# KEYS: one sorted set per limit. ARGV: now, then (period, max_requests,
+# max_tokens, tokens) per key (0 = no limit). Members are "<id>:<tokens>".
+_ADMIT = """
+local now = tonumber(ARGV[1])
+local wait = 0
+for i, key in ipairs(KEYS) do
+  local base = 1 + (i - 1) * 4
+  local period = tonumber(ARGV[base + 1])
+  local max_requests = tonumber(ARGV[base + 2])
+  local max_tokens = tonumber(ARGV[base + 3])
+  local tokens = tonumber(ARGV[base + 4])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - period)
+  local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local count, used = #entries / 2, 0
+  for j = 1, #entries, 2 do
+    used = used + tonumber(string.match(entries[j], ':(%d+)$'))
+  end
+  local full = (max_requests > 0 and count >= max_requests)
+    or (max_tokens > 0 and count > 0 and used + tokens > max_tokens)
+  if full then
+    local until_free = tonumber(entries[2]) + period - now
+    if until_free > wait then wait = until_free end
+  end
+end
+if wait > 0 then return tostring(wait) end
+for i, key in ipairs(KEYS) do
+  local base = 1 + (i - 1) * 4
+  redis.call('ZADD', key, now, ARGV[#ARGV] .. ':' .. ARGV[base + 4])
+  redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[base + 1]) * 1000) + 1000)
+end
+return '0'
+"""
+
+
+class _Missing(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def limit_key(prefix: str, limit: RateLimit, model: str, context: Mapping[str, Any]) -> str:
+    name = limit.key.format_map(_Missing(context)) if limit.key else model
+    return f"{prefix}:rate:{name}"
+
+
+def admit(
+    client: redis.Redis,
+    prefix: str,
+    limits: Sequence[RateLimit],
+    model: str,
+    context: Mapping[str, Any],
+    prompt_tokens: int,
+) -> tuple[float, float]:
+    """Admit one call under every limit, or say how long to wait.
+
+    Returns ``(wait_seconds, now)``: 0 when admitted (and counted) at ``now``.
+    """
+    now = time.time()
+    if not limits:
+        return 0.0, now
+    keys = [limit_key(prefix, lim, model, context) for lim in limits]
+    args: list[Any] = [repr(now)]
+    for lim in limits:
+        args += [repr(lim.period), lim.requests or 0, lim.tokens or 0, prompt_tokens]
+    args.append(uuid.uuid4().hex)
+    wait = float(client.eval(_ADMIT, len(keys), *keys, *args))
+    return wait, now
+
+
+def estimate_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    """A cheap prompt-size estimate (about four characters a token)."""
+    return max(1, sum(len(str(m.get("content") or "")) for m in messages) // 4)

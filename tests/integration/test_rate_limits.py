@@ -1,0 +1,71 @@
+"""A rate limit shared by two worker processes through Redis."""
+
+from __future__ import annotations
+
+import bisect
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator import Client, Settings
+from orchestrator.ratelimit import admit
+from schemas import EventName, RateLimit
+from tests.agents import RATE
+from tests.conftest import WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def second_llm_worker(settings: Settings, client: Client, workers: Any) -> Iterator[WorkerProcess]:
+    extra = WorkerProcess(settings, "llm2", "-Q", "llm,control", "-P", "threads", "-c", "16")
+    try:
+        extra.wait_ready(client)
+        yield extra
+    finally:
+        extra.stop()
+
+
+def test_two_workers_stay_within_a_requests_per_second_limit(
+    client: Client, second_llm_worker: WorkerProcess
+) -> None:
+    # Given 30 one-step jobs of one tenant limited to RATE model calls a second
+    tenant = uuid.uuid4().hex[:8]
+    jobs = [client.submit("limited", f"q{i}", context_data={"tenant": tenant}) for i in range(30)]
+
+    # When both llm workers run them
+    for job in jobs:
+        assert job.result(timeout=60).startswith("ok q")
+
+    # Then no window of one second admitted more than RATE calls, across both
+    requested = [
+        e
+        for job in jobs
+        for e in job.events(deltas=False, timeout=5)
+        if e.name is EventName.LLM_REQUESTED
+    ]
+    admitted = sorted(e.data["admitted_at"] for e in requested)
+    assert len(admitted) == 30
+    busiest = max(bisect.bisect_left(admitted, t + 1.0) - i for i, t in enumerate(admitted))
+    assert busiest <= RATE
+    # the calls were spread out by the limit, not dropped, and both workers took part
+    assert admitted[-1] - admitted[0] >= (30 / RATE) - 1 - 0.05
+    assert len({e.data["worker"] for e in requested}) == 2
+
+
+def test_token_window_defers_until_tokens_leave_it(client: Client) -> None:
+    rt = client.runtime
+    prefix = f"{rt.settings.redis_prefix}:t{uuid.uuid4().hex[:6]}"
+    limits = [RateLimit(tokens=100, period=0.5)]
+    assert admit(rt.redis, prefix, limits, "m", {}, 60)[0] == 0
+    assert admit(rt.redis, prefix, limits, "m", {}, 30)[0] == 0
+    wait, _ = admit(rt.redis, prefix, limits, "m", {}, 20)  # 110 > 100: deferred
+    assert 0 < wait <= 0.5
+    time.sleep(wait + 0.01)
+    assert admit(rt.redis, prefix, limits, "m", {}, 20)[0] == 0
+    # a single call larger than the limit still goes through when the window is empty
+    time.sleep(0.6)
+    assert admit(rt.redis, prefix, limits, "m", {}, 500)[0] == 0
