@@ -13,6 +13,7 @@ from orchestrator import registry
 from orchestrator.celery_conf import make_celery
 from orchestrator.dispatch import dispatch
 from orchestrator.engine import conversations, inbox
+from orchestrator.engine.actions import Checkpoint as CheckpointAction
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
 from orchestrator.engine.turns import TurnRef, start_turn
@@ -139,6 +140,14 @@ class Client:
         if revoke:
             self.celery.control.revoke(revoke)
         dispatch(self.celery, actions)
+
+    def checkpoint(self, conversation_id: str) -> None:
+        """Summarize the conversation in the background (``checkpoint.started|completed``):
+        later prompts hold the summary instead of the messages before it."""
+        with self.runtime.session() as session:
+            if session.get(Conversation, conversation_id) is None:
+                raise ConversationNotFound(conversation_id)
+        dispatch(self.celery, [CheckpointAction(conversation_id)])
 
     def fork(self, conversation_id: str) -> str:
         """A new conversation with a copy of this one's messages; returns its id."""

@@ -1,20 +1,68 @@
 """Context transformers: shape what the model sees, never what is stored.
 
-A transformer maps the stored history to the history sent to the model.
-They compose left to right; :data:`DEFAULT_TRANSFORMERS` is the chain used
-for every step.
+A transformer takes the stored history and a :class:`TransformContext`
+and returns the history to send. They are registered by name
+(:func:`context_transformer`) and an agent lists the chain it uses
+(``Agent(..., context=[...])``), applied in order. Built in:
+
+* ``checkpoint``: history up to the latest checkpoint's boundary is
+  replaced by its summary;
+* ``drop_orphaned_tool_calls``: tool calls without a result (a failed or
+  cancelled turn) and results without a call are removed.
+
+Provider-specific fixes are transformers too: they get the model string.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from schemas import Message, ToolCallBlock, ToolResultBlock
+from orchestrator.errors import ConfigurationError
+from schemas import AgentSpec, Message, Role, TextBlock, ToolCallBlock, ToolResultBlock
 
-Transformer = Callable[[list[Message]], list[Message]]
+#: How a checkpoint's summary is shown to the model.
+SUMMARY_PREFIX = "Briefing on the conversation so far (earlier messages were summarized):\n\n"
 
 
-def drop_orphaned_tool_calls(history: list[Message]) -> list[Message]:
+@dataclass(frozen=True)
+class TransformContext:
+    """What a transformer may look at besides the history."""
+
+    agent: AgentSpec
+    #: Index in the history of the latest checkpoint's boundary message.
+    boundary: int | None = None
+    summary: str | None = None
+
+    @property
+    def model(self) -> str:
+        return self.agent.model
+
+
+Transformer = Callable[[list[Message], TransformContext], list[Message]]
+_transformers: dict[str, Transformer] = {}
+
+
+def context_transformer(name: str) -> Callable[[Transformer], Transformer]:
+    """Register a transformer under ``name`` for agents to list."""
+
+    def register(fn: Transformer) -> Transformer:
+        _transformers[name] = fn
+        return fn
+
+    return register
+
+
+@context_transformer("checkpoint")
+def replace_with_checkpoint(history: list[Message], ctx: TransformContext) -> list[Message]:
+    if ctx.boundary is None or ctx.summary is None:
+        return history
+    summary = Message(role=Role.USER, content=[TextBlock(text=SUMMARY_PREFIX + ctx.summary)])
+    return [summary, *history[ctx.boundary + 1 :]]
+
+
+@context_transformer("drop_orphaned_tool_calls")
+def drop_orphaned_tool_calls(history: list[Message], _ctx: TransformContext) -> list[Message]:
     """Remove tool calls that never got a result (a failed or cancelled turn),
     and results whose call is gone; providers reject both."""
     called = {b.tool_request_id for m in history for b in m.content if isinstance(b, ToolCallBlock)}
@@ -34,12 +82,17 @@ def drop_orphaned_tool_calls(history: list[Message]) -> list[Message]:
     return out
 
 
-DEFAULT_TRANSFORMERS: tuple[Transformer, ...] = (drop_orphaned_tool_calls,)
-
-
 def apply(
-    history: list[Message], transformers: Sequence[Transformer] = DEFAULT_TRANSFORMERS
+    history: list[Message], ctx: TransformContext, names: Sequence[str] | None = None
 ) -> list[Message]:
-    for transform in transformers:
-        history = transform(history)
+    """Run the agent's chain (or ``names``) over the history."""
+    for name in ctx.agent.context if names is None else names:
+        try:
+            transform = _transformers[name]
+        except KeyError:
+            raise ConfigurationError(
+                f"agent {ctx.agent.name!r} names an unknown context transformer {name!r}; "
+                f"registered: {sorted(_transformers)}"
+            ) from None
+        history = transform(history, ctx)
     return history

@@ -8,6 +8,7 @@ from celery import Celery, Signature, chain, chord, group
 
 from orchestrator.engine.actions import (
     Action,
+    Checkpoint,
     Dequeue,
     Revoke,
     RunAdvance,
@@ -42,6 +43,14 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
             _send_segment(app, action)
         elif isinstance(action, RunAdvance):
             _advance(app, action).apply_async()
+        elif isinstance(action, Checkpoint):
+            app.signature(
+                "chorus.checkpoint",
+                args=(action.conversation_id,),
+                queue="llm",
+                ignore_result=True,
+                argsrepr=f"conv={_short(action.conversation_id)}",
+            ).apply_async()
         elif isinstance(action, Revoke):
             if action.task_ids:
                 app.control.revoke(list(action.task_ids))

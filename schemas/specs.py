@@ -90,6 +90,14 @@ class AgentSpec(Frozen):
         "through the final_answer tool",
     )
     output_retries: int = Field(default=2, ge=0, le=10)
+    context: tuple[str, ...] = Field(
+        default=("checkpoint", "drop_orphaned_tool_calls"),
+        description="Names of registered context transformers, applied in order",
+    )
+    context_tokens: int | None = Field(
+        default=None, gt=0, description="Take a checkpoint before a prompt would pass this"
+    )
+    checkpoint_strategy: str = Field(default="briefing", max_length=64)
     model_settings: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("subagents")

@@ -63,4 +63,11 @@ class Revoke:
     task_ids: tuple[str, ...]
 
 
-Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke
+@dataclass(frozen=True)
+class Checkpoint:
+    """Summarize a conversation in the background (task ``chorus.checkpoint``)."""
+
+    conversation_id: str
+
+
+Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from sqlmodel import Session, col, select
 
-from orchestrator.store.tables import MessageRow
-from schemas import Message, Role, Usage, content_blocks_adapter
+from orchestrator import context
+from orchestrator.context import TransformContext
+from orchestrator.store.tables import CheckpointRow, MessageRow
+from schemas import AgentSpec, Message, Role, Usage, content_blocks_adapter
 
 
 def row_to_message(row: MessageRow) -> Message:
@@ -24,12 +26,43 @@ def row_to_message(row: MessageRow) -> Message:
 
 
 def load_history(session: Session, conversation_id: str) -> list[Message]:
-    rows = session.exec(
-        select(MessageRow)
-        .where(MessageRow.conversation_id == conversation_id)
-        .order_by(col(MessageRow.id))
-    ).all()
-    return [row_to_message(r) for r in rows]
+    return [row_to_message(r) for r in load_rows(session, conversation_id)]
+
+
+def load_rows(session: Session, conversation_id: str) -> list[MessageRow]:
+    return list(
+        session.exec(
+            select(MessageRow)
+            .where(MessageRow.conversation_id == conversation_id)
+            .order_by(col(MessageRow.id))
+        ).all()
+    )
+
+
+def latest_checkpoint(session: Session, conversation_id: str) -> CheckpointRow | None:
+    return session.exec(
+        select(CheckpointRow)
+        .where(CheckpointRow.conversation_id == conversation_id)
+        .order_by(col(CheckpointRow.id).desc())
+    ).first()
+
+
+def model_context(session: Session, conversation_id: str, agent: AgentSpec) -> list[Message]:
+    """The history the model sees: stored messages through the agent's transformers."""
+    rows = load_rows(session, conversation_id)
+    checkpoint = latest_checkpoint(session, conversation_id)
+    boundary = None
+    if checkpoint is not None:
+        ids = [r.id for r in rows]
+        boundary = (
+            ids.index(checkpoint.boundary_message_id)
+            if checkpoint.boundary_message_id in ids
+            else None
+        )
+    ctx = TransformContext(
+        agent=agent, boundary=boundary, summary=checkpoint.summary if checkpoint else None
+    )
+    return context.apply([row_to_message(r) for r in rows], ctx)
 
 
 def copy_messages(session: Session, source_id: str, target_id: str) -> None:

@@ -14,12 +14,13 @@ from typing import Any
 from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
-from orchestrator import context, registry
+from orchestrator import registry
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, job_of, roll_up, tool_calls_left
 from orchestrator.engine.cancel import stop_tree
+from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
-from orchestrator.engine.history import load_history
+from orchestrator.engine.history import model_context
 from orchestrator.engine.output import (
     FINAL_ANSWER,
     NUDGE,
@@ -110,7 +111,7 @@ def run_step(
         else:
             tools_allowed = tool_calls_left(job) != 0
             system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
-            messages = to_openai_messages(system, context.apply(load_history(session, conv.id)))
+            messages = to_openai_messages(system, model_context(session, conv.id, spec))
             wait, admitted_at = admit(
                 rt.redis,
                 rt.settings.redis_prefix,
@@ -161,6 +162,7 @@ def run_step(
 
     started = time.monotonic()
     try:
+        messages = _fit_context(rt, spec, conversation_id, system, messages)
         reply = complete(
             spec.model,
             messages,
@@ -177,6 +179,23 @@ def run_step(
     return _persist(
         rt, conversation_id, turn_id, step, owner, reply, (started, began), tools_allowed
     )
+
+
+def _fit_context(
+    rt: Runtime,
+    spec: AgentSpec,
+    conversation_id: str,
+    system: str,
+    messages: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """When the prompt would pass the agent's context-token limit, take a
+    checkpoint first and rebuild the prompt around its summary."""
+    if spec.context_tokens is None or estimate_tokens(messages) <= spec.context_tokens:
+        return messages
+    if not take_checkpoint(rt, conversation_id):
+        return messages  # nothing left to summarize
+    with rt.session() as session:
+        return to_openai_messages(system, model_context(session, conversation_id, spec))
 
 
 def _cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Callable[[], bool]:

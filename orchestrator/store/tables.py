@@ -87,6 +87,8 @@ class Conversation(SQLModel, table=True):
     event_seq: int = 0
     depth: int = 0
     children: int = 0
+    #: ``main``, ``subagent`` or ``checkpoint`` (a summarizer's ephemeral child).
+    kind: str = Field(default="main", max_length=16)
     turns: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -180,6 +182,19 @@ class ToolCallRow(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("turn_id", "step", "position", name="uq_chorus_tool_call_slot"),
     )
+
+
+class CheckpointRow(SQLModel, table=True):
+    """A summary of a conversation up to (and including) a boundary message."""
+
+    __tablename__ = "chorus_checkpoint"
+
+    id: int | None = Field(default=None, primary_key=True)
+    conversation_id: str = Field(index=True, max_length=64)
+    boundary_message_id: int
+    summary: str = Field(sa_type=Text)
+    summarizer_conversation_id: str = Field(max_length=64)
+    created_at: datetime = _time()
 
 
 class EventRow(SQLModel, table=True):

@@ -1,0 +1,194 @@
+"""Checkpoints: summarize a conversation so later prompts stay small.
+
+A checkpoint runs an ephemeral child conversation (``kind="checkpoint"``)
+that asks the agent's model for a briefing of the history up to a boundary
+(the system prompt and any earlier summary included), then stores
+{boundary message id, summary}. The ``checkpoint`` context transformer
+replaces everything up to the boundary with the summary; Postgres keeps
+every original message. The prompt is built by a strategy, registered by
+name (:func:`checkpoint_strategy`; the agent's ``checkpoint_strategy``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from sqlalchemy import update
+from sqlmodel import col
+
+from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
+from orchestrator.errors import ConfigurationError, ConversationNotFound
+from orchestrator.llm.call import complete
+from orchestrator.runtime import Runtime
+from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
+from schemas import AgentSpec, EventName, Message, TextBlock, ToolCallBlock, ToolResultBlock
+
+Strategy = Callable[[AgentSpec, str | None, list[Message]], list[dict[str, str]]]
+_strategies: dict[str, Strategy] = {}
+
+#: Message kinds after which the history can be cut (no tool call is left open).
+_CUTS = {"input", "tool_results", "nudge", "loaded"}
+
+
+def checkpoint_strategy(name: str) -> Callable[[Strategy], Strategy]:
+    """Register a strategy: (agent, earlier summary, messages) -> summarizer prompt."""
+
+    def register(fn: Strategy) -> Strategy:
+        _strategies[name] = fn
+        return fn
+
+    return register
+
+
+def _render(message: Message) -> str:
+    parts = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            parts.append(block.text)
+        elif isinstance(block, ToolCallBlock):
+            parts.append(f"[calls {block.tool}({json.dumps(block.params)})]")
+        elif isinstance(block, ToolResultBlock):
+            parts.append(f"[{block.tool} returned: {json.dumps(block.result)}]")
+    return f"{message.role.value}: " + " ".join(parts)
+
+
+@checkpoint_strategy("briefing")
+def briefing(
+    agent: AgentSpec, earlier: str | None, messages: list[Message]
+) -> list[dict[str, str]]:
+    """Ask for a briefing another assistant could continue from."""
+    parts = [f"The assistant's instructions:\n{agent.system or '(none)'}"]
+    if earlier:
+        parts.append(f"Briefing of what came before:\n{earlier}")
+    parts.append("Conversation:\n" + "\n".join(_render(m) for m in messages))
+    return [
+        {
+            "role": "system",
+            "content": "Write a briefing of the conversation below for an assistant who "
+            "will continue it with no other context: the user's goals and latest request, "
+            "facts and tool results that matter, decisions made, open questions. Be "
+            "complete and concise.",
+        },
+        {"role": "user", "content": "\n\n".join(parts)},
+    ]
+
+
+def _boundary(rows: list[MessageRow], after: int) -> MessageRow | None:
+    """The last message after ``after`` where the history can be cut; the
+    request being answered (a trailing input) stays verbatim."""
+    if rows and rows[-1].kind == "input":
+        rows = rows[:-1]
+    candidates = [
+        r
+        for r in rows
+        if (r.id or 0) > after
+        and (
+            r.kind in _CUTS
+            or (r.kind == "assistant" and not any(b.get("type") == "tool_call" for b in r.content))
+        )
+    ]
+    return candidates[-1] if candidates else None
+
+
+def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
+    """Summarize the conversation up to its latest clean boundary.
+
+    Returns False when nothing new can be summarized. A model failure
+    raises :class:`~orchestrator.errors.ModelError` and stores nothing.
+    """
+    with rt.transaction() as (session, outbox):
+        conv = session.get(Conversation, conversation_id)
+        turn = session.get(Turn, conv.turn_id) if conv and conv.turn_id else None
+        if conv is None or turn is None:
+            raise ConversationNotFound(conversation_id)
+        agent = AgentSpec.model_validate(conv.agent_spec)
+        try:
+            strategy = _strategies[agent.checkpoint_strategy]
+        except KeyError:
+            raise ConfigurationError(
+                f"unknown checkpoint strategy {agent.checkpoint_strategy!r}; "
+                f"registered: {sorted(_strategies)}"
+            ) from None
+        previous = latest_checkpoint(session, conv.id)
+        after = previous.boundary_message_id if previous else 0
+        rows = load_rows(session, conv.id)
+        boundary = _boundary(rows, after)
+        if boundary is None or boundary.id is None:
+            return False
+        included = [row_to_message(r) for r in rows if after < (r.id or 0) <= boundary.id]
+        prompt = strategy(agent, previous.summary if previous else None, included)
+        summarizer = Conversation(
+            root_id=conv.root_id,
+            parent_id=conv.id,
+            depth=conv.depth + 1,
+            agent=agent.name,
+            agent_spec=agent.model_dump(mode="json"),
+            kind="checkpoint",
+        )
+        session.add(summarizer)
+        session.add(
+            MessageRow(
+                conversation_id=summarizer.id,
+                turn_id=f"checkpoint:{summarizer.id}",
+                step=0,
+                kind="input",
+                role="user",
+                content=[TextBlock(text=prompt[-1]["content"]).model_dump()],
+            )
+        )
+        outbox.record(
+            EventName.CHECKPOINT_STARTED,
+            conv,
+            turn,
+            turn.steps,
+            boundary_message_id=boundary.id,
+            summarizer_conversation_id=summarizer.id,
+        )
+        boundary_id = boundary.id
+
+    reply = complete(agent.model, prompt, None, agent.model_settings)
+
+    with rt.transaction() as (session, outbox):
+        usage = reply.usage
+        session.add(
+            MessageRow(
+                conversation_id=summarizer.id,
+                turn_id=f"checkpoint:{summarizer.id}",
+                step=0,
+                kind="assistant",
+                role="assistant",
+                content=[TextBlock(text=reply.text).model_dump()],
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost_usd=usage.cost_usd,
+            )
+        )
+        session.add(
+            CheckpointRow(
+                conversation_id=conversation_id,
+                boundary_message_id=boundary_id,
+                summary=reply.text,
+                summarizer_conversation_id=summarizer.id,
+            )
+        )
+        session.execute(
+            update(Conversation)
+            .where(col(Conversation.id) == conversation_id)
+            .values(
+                input_tokens=col(Conversation.input_tokens) + usage.input_tokens,
+                output_tokens=col(Conversation.output_tokens) + usage.output_tokens,
+                cost_usd=col(Conversation.cost_usd) + usage.cost_usd,
+            )
+        )
+        outbox.record(
+            EventName.CHECKPOINT_COMPLETED,
+            conv,
+            turn,
+            turn.steps,
+            boundary_message_id=boundary_id,
+            summary_chars=len(reply.text),
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+        )
+    return True
