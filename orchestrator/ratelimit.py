@@ -10,6 +10,7 @@ countdown (deferred, never dropped, never spinning in a worker slot).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -19,8 +20,12 @@ import redis
 
 from schemas import RateLimit
 
+log = logging.getLogger(__name__)
+
 # KEYS: one sorted set per limit. ARGV: now, then (period, max_requests,
-# max_tokens, tokens) per key (0 = no limit). Members are "<id>:<tokens>".
+# max_tokens, tokens) per key (0 = no limit), then an id. Members are
+# "<id>:r:<tokens>" for an admitted call, "<id>:t:<tokens>" for tokens
+# counted after it (its output).
 _ADMIT = """
 local now = tonumber(ARGV[1])
 local wait = 0
@@ -32,9 +37,11 @@ for i, key in ipairs(KEYS) do
   local tokens = tonumber(ARGV[base + 4])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - period)
   local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-  local count, used = #entries / 2, 0
+  local count, used = 0, 0
   for j = 1, #entries, 2 do
-    used = used + tonumber(string.match(entries[j], ':(%d+)$'))
+    local kind, n = string.match(entries[j], ':(%a):(%d+)$')
+    if kind == 'r' then count = count + 1 end
+    used = used + tonumber(n)
   end
   local full = (max_requests > 0 and count >= max_requests)
     or (max_tokens > 0 and count > 0 and used + tokens > max_tokens)
@@ -46,7 +53,7 @@ end
 if wait > 0 then return tostring(wait) end
 for i, key in ipairs(KEYS) do
   local base = 1 + (i - 1) * 4
-  redis.call('ZADD', key, now, ARGV[#ARGV] .. ':' .. ARGV[base + 4])
+  redis.call('ZADD', key, now, ARGV[#ARGV] .. ':r:' .. ARGV[base + 4])
   redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[base + 1]) * 1000) + 1000)
 end
 return '0'
@@ -81,10 +88,35 @@ def admit(
     keys = [limit_key(prefix, lim, model, context) for lim in limits]
     args: list[Any] = [repr(now)]
     for lim in limits:
-        args += [repr(lim.period), lim.requests or 0, lim.tokens or 0, prompt_tokens]
+        counted = prompt_tokens if lim.count in ("input", "total") else 0
+        args += [repr(lim.period), lim.requests or 0, lim.tokens or 0, counted]
     args.append(uuid.uuid4().hex)
     wait = float(client.eval(_ADMIT, len(keys), *keys, *args))
     return wait, now
+
+
+def record_output(
+    client: redis.Redis,
+    prefix: str,
+    limits: Sequence[RateLimit],
+    model: str,
+    context: Mapping[str, Any],
+    output_tokens: int,
+) -> None:
+    """Count a finished call's output tokens in the windows that count them."""
+    counting = [lim for lim in limits if lim.tokens and lim.count in ("output", "total")]
+    if not counting or output_tokens <= 0:
+        return
+    now = time.time()
+    pipe = client.pipeline(transaction=False)
+    for lim in counting:
+        key = limit_key(prefix, lim, model, context)
+        pipe.zadd(key, {f"{uuid.uuid4().hex}:t:{output_tokens}": now})
+        pipe.pexpire(key, int(lim.period * 1000) + 1000)
+    try:
+        pipe.execute()
+    except redis.RedisError:  # the call is done; a lost count only loosens the limit
+        log.warning("could not count %d output tokens", output_tokens, exc_info=True)
 
 
 def estimate_tokens(messages: Sequence[Mapping[str, Any]]) -> int:

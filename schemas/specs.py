@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -47,7 +47,10 @@ class RateLimit(Frozen):
 
     key: str | None = Field(default=None, max_length=200)
     requests: int | None = Field(default=None, gt=0, description="calls per period")
-    tokens: int | None = Field(default=None, gt=0, description="prompt tokens per period")
+    tokens: int | None = Field(default=None, gt=0, description="tokens per period")
+    count: Literal["input", "output", "total"] = Field(
+        default="total", description="which tokens ``tokens`` counts"
+    )
     period: float = Field(default=1.0, gt=0, description="seconds")
 
 

@@ -37,7 +37,7 @@ from orchestrator.keys import cancelled
 from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
-from orchestrator.ratelimit import admit, estimate_tokens
+from orchestrator.ratelimit import admit, estimate_tokens, record_output
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
 from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, ToolCallBlock, TurnStatus
@@ -138,6 +138,7 @@ def run_step(
             )
         correlation_id = turn.correlation_id
         root_id = conv.root_id
+        context_data = turn.context_data
     if over is not None:
         revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over)
         return [*actions, Revoke(tuple(revoke))]
@@ -173,6 +174,14 @@ def run_step(
         )
     except ModelError as exc:
         return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
+    record_output(
+        rt.redis,
+        rt.settings.redis_prefix,
+        spec.rate_limits,
+        spec.model,
+        context_data,
+        reply.usage.output_tokens,
+    )
     if reply.stopped:
         log.info("step %d: model call stopped: the job was cancelled", step)
         return []

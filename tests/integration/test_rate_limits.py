@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from orchestrator import Client, Settings
-from orchestrator.ratelimit import admit
+from orchestrator.ratelimit import admit, record_output
 from schemas import EventName, RateLimit
 from tests.agents import RATE
 from tests.conftest import WorkerProcess
@@ -69,3 +69,14 @@ def test_token_window_defers_until_tokens_leave_it(client: Client) -> None:
     # a single call larger than the limit still goes through when the window is empty
     time.sleep(0.6)
     assert admit(rt.redis, prefix, limits, "m", {}, 500)[0] == 0
+
+
+def test_output_tokens_are_counted_after_the_call(client: Client) -> None:
+    rt = client.runtime
+    prefix = f"{rt.settings.redis_prefix}:o{uuid.uuid4().hex[:6]}"
+    limits = [RateLimit(tokens=100, period=0.5, count="output")]
+    assert admit(rt.redis, prefix, limits, "m", {}, 5000)[0] == 0  # input is not counted
+    record_output(rt.redis, prefix, limits, "m", {}, 80)
+    assert admit(rt.redis, prefix, limits, "m", {}, 5000)[0] == 0  # 80 of 100 used
+    record_output(rt.redis, prefix, limits, "m", {}, 30)
+    assert admit(rt.redis, prefix, limits, "m", {}, 1)[0] > 0  # 110: deferred
