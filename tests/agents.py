@@ -34,6 +34,12 @@ def echo_results(messages: list[dict[str, Any]]) -> Reply:
 # -- ordering: parallel calls overlap, a barrier runs alone -------------------
 
 
+def _slept(label: str, seconds: float) -> dict[str, Any]:
+    start = time.time()
+    time.sleep(seconds)
+    return {"label": label, "start": start, "end": time.time()}
+
+
 @tool
 def timed(label: str, seconds: float = 0.5) -> dict[str, Any]:
     """Sleep and report when it ran.
@@ -42,9 +48,7 @@ def timed(label: str, seconds: float = 0.5) -> dict[str, Any]:
         label: a name for this call.
         seconds: how long to sleep.
     """
-    start = time.time()
-    time.sleep(seconds)
-    return {"label": label, "start": start, "end": time.time()}
+    return _slept(label, seconds)
 
 
 @tool(parallelizable=False)
@@ -55,9 +59,7 @@ def timed_barrier(label: str, seconds: float = 0.3) -> dict[str, Any]:
         label: a name for this call.
         seconds: how long to sleep.
     """
-    start = time.time()
-    time.sleep(seconds)
-    return {"label": label, "start": start, "end": time.time()}
+    return _slept(label, seconds)
 
 
 register_script(
@@ -177,9 +179,7 @@ def brief(label: str, seconds: float = 2.0) -> dict[str, Any]:
         label: a name for this call.
         seconds: how long to sleep.
     """
-    start = time.time()
-    time.sleep(seconds)
-    return {"label": label, "start": start, "end": time.time()}
+    return _slept(label, seconds)
 
 
 register_script(

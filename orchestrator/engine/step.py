@@ -76,6 +76,14 @@ def _take_lease(rt: Runtime, session: Session, conv: Conversation, owner: str) -
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
+def _release_lease(session: Session, conversation_id: str) -> None:
+    session.execute(
+        update(Conversation)
+        .where(col(Conversation.id) == conversation_id)
+        .values(lease_owner=None, lease_until=None)
+    )
+
+
 def run_step(
     rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
 ) -> list[Action]:
@@ -121,11 +129,7 @@ def run_step(
                 estimate_tokens(messages),
             )
             if wait > 0:  # over a rate limit: come back when the window has room
-                session.execute(
-                    update(Conversation)
-                    .where(col(Conversation.id) == conversation_id)
-                    .values(lease_owner=None, lease_until=None)
-                )
+                _release_lease(session, conversation_id)
                 return [RunStep(conversation_id, turn_id, step, countdown=wait)]
             outbox.record(
                 EventName.LLM_REQUESTED,
@@ -299,11 +303,7 @@ def _model_failed(
             retry_in=None if delay is None else round(delay, 3),
         )
         if delay is not None:
-            session.execute(  # give the lease back: the retry is another execution
-                update(Conversation)
-                .where(col(Conversation.id) == conversation_id)
-                .values(lease_owner=None, lease_until=None)
-            )
+            _release_lease(session, conversation_id)  # the retry is another execution
             return [RunStep(conversation_id, turn_id, step, countdown=delay)]
         ended = finish_turn(
             session,
