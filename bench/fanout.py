@@ -13,8 +13,19 @@ is called again and answers ``children=N ok=N`` (checked). A timed run is
 submit to result, divided by N, is the **per-child cost**. Each size runs
 ``--repeats`` times (rounds over all sizes, so drift on the machine hits
 every size alike); the table shows the median, and the ratio of the
-largest median per-child cost to the smallest (flat fan-out: close to 1).
-One warm-up run (``--warmup`` children) is excluded.
+largest median per-child cost to the smallest (flat fan-out: close to 1),
+then the marginal cost per child between consecutive sizes and the fixed
+per-turn part this leaves at the smallest size, which tells a fixed cost
+(it weighs on small N) from a per-child cost that grows with N.
+
+The warm-up (excluded) runs ``6 x --workers`` fan-outs of ``--warmup``
+children at once, so that every worker process pays its first-use costs.
+Before each run the fleet is idle: after a result the bench waits until no
+task is queued or unacked ("drain": e.g. ``chorus.advance`` tasks of
+children whose parent has already moved on), so a run never pays for the
+previous one. A run whose turn has not ended while no task is queued or
+running for 10 s is reported as stuck, with the workers' logged errors (no
+sweeper runs here).
 
 Workers are real processes started here: ``--workers`` copies of ``chorus
 worker -Q llm,control,tools -P <pool> -c <concurrency>`` (default: two
@@ -25,14 +36,15 @@ key prefix deleted at the end; Postgres is ``CHORUS_DATABASE_URL`` if set,
 otherwise a database ``chorus_bench_<random>`` created on ``--admin-url``,
 migrated, and dropped at the end.
 
-Beside wall time the table shows CPU ms per child of the workers' process
-groups, of this client process and of the whole machine (every core, every
-process: Postgres and Redis included). Then, from the stored events' times
-(per size, median over the runs), where the time goes: the parent's first
-step (submit → its model asked for the N calls), starting all children
-(→ last ``subagent.started``), the children (→ last child's
-``turn.completed``), and the way back (last child → the parent's
-``turn.completed``), plus the median life of one child (its
+Beside wall time the table shows CPU ms per child (the run and its drain)
+of the workers' process groups, of this client process and of the whole
+machine (every core, every process: Postgres, Redis and any other load
+included; the 1-min load average is printed to judge the latter). Then,
+from the stored events' times (per size, median over the runs), where the
+time goes: the parent's first step (submit → its model asked for the N
+calls), starting all children (→ last ``subagent.started``), the children
+(→ last child's ``turn.completed``), and the way back (last child → the
+parent's ``turn.completed``), plus the median life of one child (its
 ``turn.started`` → ``turn.completed``: queueing included).
 
 ``--py-spy BIN`` samples the workers (``py-spy record --gil --nonblocking``)
@@ -49,6 +61,7 @@ Run from the repo root::
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import secrets
 import shutil
@@ -58,7 +71,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -111,7 +124,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--repeats", type=int, default=2, help="timed runs per size (default 2)")
     p.add_argument(
-        "--warmup", type=int, default=10, help="children of the excluded warm-up run (default 10)"
+        "--warmup",
+        type=int,
+        default=10,
+        help="children of each excluded warm-up fan-out (default 10; 0: no warm-up)",
     )
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--pool", default="threads", help="worker pool (default threads)")
@@ -173,13 +189,21 @@ class Fleet:
     def cpu_seconds(self) -> float:
         return sum(group_cpu_seconds(w.proc.pid) for w in self.workers)
 
+    def errors(self, lines: int = 40) -> str:
+        """The first traceback-ish lines of every worker log (from the first ERROR)."""
+        out = []
+        for worker in self.workers:
+            text = worker.log_path.read_text(errors="replace").splitlines()
+            first = next((i for i, line in enumerate(text) if " ERROR " in line), None)
+            if first is not None:
+                out.append(f"[{worker.name}] " + "\n".join(text[first : first + lines]))
+        return "\n".join(out) or "(none logged)"
 
-def fan_out(
-    client: Any, fleet: Fleet, size: int, timeout: float, drain: Callable[[], float]
-) -> Run:
+
+def fan_out(client: Any, fleet: Fleet, size: int, timeout: float, queues: Queues) -> Run:
     """Submit the parent turn that fans out to ``size`` children; wait for its
-    answer (the wall time), then for the queues to drain (``drain``; its CPU
-    is counted, its time is not)."""
+    answer (the wall time), then for the queues to drain (its CPU is counted,
+    its time is not)."""
     from bench.fanout_tasks import expected_answer, parent_agent
 
     fleet.check()
@@ -191,9 +215,9 @@ def fan_out(
     submitted = time.time()
     start = time.perf_counter()
     job = client.submit(parent_agent(size), f"fan out to {size} children")
-    output = job.result(timeout=timeout)
+    output = wait_result(job, timeout, queues, fleet)
     elapsed = time.perf_counter() - start
-    drained = drain()
+    drained = queues.drain()
     run = Run(
         size=size,
         job_id=job.id,
@@ -212,27 +236,91 @@ def fan_out(
     return run
 
 
-def quiesce(redis_url: str, prefix: str, timeout: float = 300.0) -> float:
-    """Wait until this run's task queues and Celery's unacked set are empty;
-    return how long it took (work the last run left behind: e.g. the
-    ``chorus.advance`` tasks of children whose parent has already moved on)."""
-    import redis
+#: Warm-up fan-outs run at once, per worker process: enough that every
+#: process runs a parent's closing step with near certainty (missed with
+#: probability 2 x (1/2)^12 = 0.05% with 2 workers). The first closing step
+#: a process runs (its first step whose history holds tool results) took
+#: ~0.8 s once, instead of ~0.02 s: a one-time lazy initialisation.
+WARMUP_PER_WORKER = 6
 
-    client = redis.Redis.from_url(redis_url)
-    queues = [f"{prefix}:{q}" for q in QUEUES]
+
+def warm_up(
+    client: Any, fleet: Fleet, size: int, count: int, timeout: float, queues: Queues
+) -> float:
+    """``count`` fan-outs of ``size`` children submitted at once; their wall time."""
+    from bench.fanout_tasks import expected_answer, parent_agent
+
     start = time.perf_counter()
-    try:
+    jobs = [client.submit(parent_agent(size), f"warm-up {i}") for i in range(count)]
+    for job in jobs:
+        output = wait_result(job, timeout, queues, fleet)
+        if output != expected_answer(size):
+            raise RuntimeError(f"warm-up answered {output!r}, expected {expected_answer(size)!r}")
+    elapsed = time.perf_counter() - start
+    queues.drain()
+    return elapsed
+
+
+class Queues:
+    """This run's Celery queues in Redis: how many tasks are waiting or in flight."""
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(redis_url)
+        self.prefix = prefix
+
+    def close(self) -> None:
+        self.client.close()
+
+    def in_flight(self) -> int:
+        """Tasks waiting in a queue plus tasks delivered but not acked."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue in QUEUES:
+            pipe.llen(f"{self.prefix}:{queue}")
+        pipe.hlen(f"{self.prefix}:unacked")
+        return sum(pipe.execute())
+
+    def drain(self, timeout: float = 300.0) -> float:
+        """Wait until no task waits or runs; return how long it took (work a
+        run left behind: e.g. the ``chorus.advance`` tasks of children whose
+        parent has already moved on)."""
+        start = time.perf_counter()
         while time.perf_counter() - start < timeout:
-            pipe = client.pipeline(transaction=False)
-            for queue in queues:
-                pipe.llen(queue)
-            pipe.hlen(f"{prefix}:unacked")
-            if not any(pipe.execute()):
+            if not self.in_flight():
                 return time.perf_counter() - start
             time.sleep(0.05)
-    finally:
-        client.close()
-    raise TimeoutError(f"the task queues did not drain within {timeout:.0f}s")
+        raise TimeoutError(f"the task queues did not drain within {timeout:.0f}s")
+
+
+#: Seconds with no task queued or running (and no answer) before a run is
+#: declared stuck: a task died on an exception and nothing will move the turn.
+STALL_SECONDS = 10.0
+
+
+def wait_result(job: Any, timeout: float, queues: Queues, fleet: Fleet) -> str:
+    """``job.result(timeout)``, but fail fast when the fleet is idle and the
+    turn has not ended (no sweeper runs here), with the workers' errors."""
+    deadline = time.monotonic() + timeout
+    idle_since: float | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"job {job.id} did not finish within {timeout:.0f}s")
+        try:
+            return str(job.result(timeout=min(2.0, remaining)))
+        except TimeoutError:
+            pass
+        fleet.check()
+        if queues.in_flight():
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > STALL_SECONDS:
+            raise RuntimeError(
+                f"job {job.id} is stuck: no task queued or running for {STALL_SECONDS:.0f}s "
+                f"and the turn has not ended; worker errors:\n{fleet.errors()}"
+            )
 
 
 # --- reporting ------------------------------------------------------------
@@ -271,11 +359,31 @@ def report(runs: list[Run], sizes: list[int]) -> None:
         f"(N={high}: {medians[high]:.2f} ms / N={low}: {medians[low]:.2f} ms; "
         f"target <= {TARGET_RATIO}: {verdict})"
     )
+    marginal(medians)
     print(
-        f"({os.cpu_count()} cores; wall = submit to result seen by the client, / children;"
-        " drain: after the result, until the task queues were empty (not in the wall time);\n"
-        " cpu: the run and its drain, / children; machine: all processes, the other\n"
-        f" load included: 1-min load average now {os.getloadavg()[0]:.2f})"
+        f"({os.cpu_count()} cores; wall: submit to result seen by the client, / children."
+        " drain: after the\n result until the task queues were empty (not in the wall time)."
+        " cpu: the run and its\n drain, / children; machine: every process, other load"
+        f" included (1-min load average now {os.getloadavg()[0]:.2f}))"
+    )
+
+
+def marginal(medians: dict[int, float]) -> None:
+    """Split the run time into a fixed part and a per-child part: the marginal
+    cost per child between consecutive sizes (flat when no per-child cost
+    grows with N), and the fixed per-turn cost it leaves at the smallest size
+    (what makes a small fan-out dearer per child)."""
+    sizes = sorted(medians)
+    if len(sizes) < 2:
+        return
+    seconds = {n: medians[n] * n / 1000 for n in sizes}
+    slopes = {(a, b): (seconds[b] - seconds[a]) / (b - a) for a, b in itertools.pairwise(sizes)}
+    (a, b), first = next(iter(slopes.items()))
+    fixed = seconds[a] - a * first
+    print(
+        "marginal ms/child "
+        + ", ".join(f"{x}→{y}: {m * 1000:.2f}" for (x, y), m in slopes.items())
+        + f"; fixed per-turn part ≈ {fixed:.2f} s (run({a}) - {a} x marginal {a}→{b})"
     )
 
 
@@ -468,22 +576,22 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             wait_ready(client.celery, worker, node=node)
         print(f"workers ready in {time.monotonic() - t0:.1f}s", flush=True)
 
-        def drain() -> float:
-            return quiesce(redis_url, prefix)
-
-        drain()
+        queues = Queues(redis_url, prefix)
+        stack.callback(queues.close)
+        queues.drain()
         if args.warmup:
-            warm = fan_out(client, fleet, args.warmup, args.turn_timeout, drain)
+            count = WARMUP_PER_WORKER * args.workers
+            seconds = warm_up(client, fleet, args.warmup, count, args.turn_timeout, queues)
             print(
-                f"warm-up  {warm.size:>5} children {warm.seconds:8.2f} s "
-                f"{warm.ms_per_child:8.2f} ms/child (excluded)",
+                f"warm-up  {count} fan-outs of {args.warmup} children at once: "
+                f"{seconds:.2f} s (excluded)",
                 flush=True,
             )
         runs: list[Run] = []
         with py_spy(args.py_spy, fleet.workers, workdir) as samples:
             for repeat in range(args.repeats):
                 for size in args.sizes:
-                    done = fan_out(client, fleet, size, args.turn_timeout, drain)
+                    done = fan_out(client, fleet, size, args.turn_timeout, queues)
                     runs.append(done)
                     print(
                         f"run {repeat + 1:<3} {size:>5} children {done.seconds:8.2f} s "
