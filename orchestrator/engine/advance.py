@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sqlalchemy import func
 from sqlmodel import col, select
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
@@ -24,13 +25,25 @@ def advance(
         conv = session.get(Conversation, conversation_id)
         if conv is None or not is_current(conv, turn_id, step, segment):
             return []
+        # Count before loading: with N subagents, N-1 of their advances find
+        # work still out, and should not each read all N calls.
+        pending = session.exec(
+            select(func.count())
+            .select_from(ToolCallRow)
+            .where(
+                ToolCallRow.turn_id == turn_id,
+                ToolCallRow.step == step,
+                ToolCallRow.segment == segment,
+                col(ToolCallRow.status).not_in(CALL_FINISHED),
+            )
+        ).one()
+        if pending:
+            return []  # a part is still out; its own advance (or the sweeper) comes later
         calls = session.exec(
             select(ToolCallRow)
             .where(ToolCallRow.turn_id == turn_id, ToolCallRow.step == step)
             .order_by(col(ToolCallRow.position))
         ).all()
-        if any(c.status not in CALL_FINISHED for c in calls if c.segment == segment):
-            return []  # a part is still out; its own advance (or the sweeper) comes later
         last = max(c.segment for c in calls)
         if segment < last:
             if not move_cursor(session, conv, cursor_segment=segment + 1):
