@@ -5,13 +5,17 @@ accounting from ``/proc``, and py-spy sampling of the workers.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,3 +272,23 @@ def print_py_spy(title: str, path: Path, steps: int, top: int, unit: str = "step
 
 def raise_exit(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
+
+
+def bench_main(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace, Path], int],
+    prefix: str,
+) -> int:
+    """Run a benchmark in a fresh work directory for worker logs and
+    profiles; keep it on error or with ``--keep-logs``, else remove it."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        code = run(args, workdir)
+    except BaseException:
+        print(f"worker logs in {workdir}", file=sys.stderr)
+        raise
+    if args.keep_logs:
+        print(f"worker logs and profiles in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return code

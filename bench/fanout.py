@@ -64,12 +64,10 @@ import argparse
 import itertools
 import os
 import secrets
-import shutil
 import signal
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -86,6 +84,7 @@ from bench._harness import (  # noqa: E402
     DEFAULT_ADMIN,
     DEFAULT_REDIS,
     Worker,
+    bench_main,
     database,
     group_cpu_seconds,
     machine_busy_seconds,
@@ -498,18 +497,7 @@ def report_phases(client: Any, runs: list[Run], sizes: list[int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-fanout-"))
-    try:
-        code = run(args, workdir)
-    except BaseException:
-        print(f"worker logs in {workdir}", file=sys.stderr)
-        raise
-    if args.keep_logs:
-        print(f"worker logs and profiles in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return code
+    return bench_main(parse_args(argv), run, "chorus-bench-fanout-")
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:

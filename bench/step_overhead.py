@@ -60,11 +60,9 @@ import argparse
 import itertools
 import os
 import secrets
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -81,6 +79,7 @@ from bench._harness import (  # noqa: E402
     DEFAULT_ADMIN,
     DEFAULT_REDIS,
     Worker,
+    bench_main,
     database,
     group_cpu_seconds,
     machine_busy_seconds,
@@ -314,18 +313,7 @@ def print_profile(title: str, directory: Path, steps_profiled: int, top: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-"))
-    try:
-        code = run(args, workdir)
-    except BaseException:
-        print(f"worker logs in {workdir}", file=sys.stderr)
-        raise
-    if args.keep_logs:
-        print(f"worker logs and profiles in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return code
+    return bench_main(parse_args(argv), run, "chorus-bench-")
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:

@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlmodel import col, select
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from orchestrator import Client, Settings
 from orchestrator.store.migrate import upgrade
+from orchestrator.store.tables import ToolCallRow
 from tests.services import Services, provide_services
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +119,18 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+
+
+def tool_calls(client: Client, turn_id: str) -> list[ToolCallRow]:
+    """The turn's tool call rows, in the order the model made them."""
+    with client.runtime.session() as s:
+        return list(
+            s.exec(
+                select(ToolCallRow)
+                .where(ToolCallRow.turn_id == turn_id)
+                .order_by(col(ToolCallRow.step), col(ToolCallRow.position))
+            ).all()
+        )
 
 
 @pytest.fixture(scope="session")

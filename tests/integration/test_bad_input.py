@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from sqlmodel import col, select
 
 from orchestrator import (
     Client,
@@ -14,8 +13,8 @@ from orchestrator import (
     UnknownAgentError,
     UnknownToolError,
 )
-from orchestrator.store.tables import ToolCallRow
 from schemas import AgentSpec, TurnStatus
+from tests.conftest import tool_calls
 
 pytestmark = pytest.mark.integration
 
@@ -60,12 +59,7 @@ def test_model_mistakes_and_failing_tools_become_error_results(
 
     # Then the turn goes on to a final answer that saw every error
     answer = job.result(timeout=60)
-    with client.runtime.session() as s:
-        calls = s.exec(
-            select(ToolCallRow)
-            .where(ToolCallRow.turn_id == job.id)
-            .order_by(col(ToolCallRow.position))
-        ).all()
+    calls = tool_calls(client, job.id)
     results = [(c.tool, c.is_error, str(c.result)) for c in calls]
     assert results[0][1] and "unknown tool 'no_such_tool'" in results[0][2]
     assert results[1][1] and "a: Input should be a valid integer" in results[1][2]

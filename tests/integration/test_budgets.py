@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlmodel import col, select
 
 from orchestrator import Client, JobFailedError
-from orchestrator.store.tables import ToolCallRow
 from schemas import Budget, EventName, TurnStatus
+from tests.conftest import tool_calls
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +38,7 @@ def test_spent_tool_budget_leaves_one_last_answer_without_tools(
     job = client.submit("toolhungry", "add", budget=Budget(tool_calls=2))
     answer = job.result(timeout=60)
     assert answer.startswith("out of tools:")
-    with client.runtime.session() as s:
-        calls = s.exec(
-            select(ToolCallRow)
-            .where(ToolCallRow.turn_id == job.id)
-            .order_by(col(ToolCallRow.position))
-        ).all()
+    calls = tool_calls(client, job.id)
     assert [(c.status, c.result) for c in calls[:2]] == [("completed", 3), ("completed", 7)]
     assert calls[2].is_error and "tool-call budget of this job is spent" in calls[2].result
     assert job.status().step == 2

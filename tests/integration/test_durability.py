@@ -18,7 +18,7 @@ from orchestrator.engine.actions import RunSegment, RunStep
 from orchestrator.engine.step import new_lease_owner
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
 from schemas import JobRequest
-from tests.conftest import ROOT, WorkerProcess, worker_env
+from tests.conftest import ROOT, WorkerProcess, tool_calls, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -52,8 +52,7 @@ def test_sigkill_of_a_tool_process_mid_batch(
 
     # Then the turn still completes, with exactly one result row per call
     answer = job.result(timeout=90)
-    with client.runtime.session() as s:
-        calls = s.exec(select(ToolCallRow).where(ToolCallRow.turn_id == job.id)).all()
+    calls = tool_calls(client, job.id)
     assert len(calls) == 3
     assert all(c.status == "completed" for c in calls)
     assert sorted(c.result["label"] for c in calls) == ["s0", "s1", "s2"]
@@ -142,8 +141,7 @@ def test_sweeper_recovers_a_turn_whose_worker_died_whole(
     finally:
         beat.terminate()
         beat.wait(10)
-    with client.runtime.session() as s:
-        calls = s.exec(select(ToolCallRow).where(ToolCallRow.turn_id == job.id)).all()
+    calls = tool_calls(client, job.id)
     assert sorted(c.result["label"] for c in calls) == ["f0", "f1"]
     assert all(c.status == "completed" and c.attempts == 2 for c in calls)
     assert "f0" in answer and "f1" in answer

@@ -16,6 +16,7 @@ from orchestrator.engine import inbox
 from orchestrator.store.tables import Conversation, EventRow, ToolCallRow, Turn
 from schemas import EventName, JobRequest, Message, Role, TextBlock, TurnStatus
 from tests.agents import FANOUT
+from tests.conftest import tool_calls
 
 pytestmark = pytest.mark.integration
 
@@ -75,12 +76,7 @@ def test_parallel_subagents_with_a_nested_one(client: Client, workers: Any) -> N
 def test_fanout_of_200_children_and_the_fanout_limit(client: Client, workers: Any) -> None:
     job = client.submit("fanout", "fan out")
     answer = job.result(timeout=180)
-    with client.runtime.session() as s:
-        calls = s.exec(
-            select(ToolCallRow)
-            .where(ToolCallRow.turn_id == job.id)
-            .order_by(col(ToolCallRow.position))
-        ).all()
+    calls = tool_calls(client, job.id)
     assert len(calls) == FANOUT
     done = [c for c in calls if not c.is_error]
     refused = [c for c in calls if c.is_error]
