@@ -22,15 +22,18 @@ from schemas import RateLimit
 
 log = logging.getLogger(__name__)
 
-# KEYS: one sorted set per limit. ARGV: now, then (period, max_requests,
-# max_tokens, tokens) per key (0 = no limit), then an id. Members are
+# KEYS: one sorted set per limit. ARGV: (period, max_requests, max_tokens,
+# tokens) per key (0 = no limit), then an id. Time is Redis's own clock, read
+# inside the script, so every worker's entries share one clock and are
+# stamped in the order they are admitted. Members are
 # "<id>:r:<tokens>" for an admitted call, "<id>:t:<tokens>" for tokens
 # counted after it (its output).
 _ADMIT = """
-local now = tonumber(ARGV[1])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local wait = 0
 for i, key in ipairs(KEYS) do
-  local base = 1 + (i - 1) * 4
+  local base = (i - 1) * 4
   local period = tonumber(ARGV[base + 1])
   local max_requests = tonumber(ARGV[base + 2])
   local max_tokens = tonumber(ARGV[base + 3])
@@ -50,13 +53,13 @@ for i, key in ipairs(KEYS) do
     if until_free > wait then wait = until_free end
   end
 end
-if wait > 0 then return tostring(wait) end
+if wait > 0 then return string.format('%.6f %.6f', wait, now) end
 for i, key in ipairs(KEYS) do
-  local base = 1 + (i - 1) * 4
+  local base = (i - 1) * 4
   redis.call('ZADD', key, now, ARGV[#ARGV] .. ':r:' .. ARGV[base + 4])
   redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[base + 1]) * 1000) + 1000)
 end
-return '0'
+return string.format('0 %.6f', now)
 """
 
 
@@ -80,19 +83,19 @@ def admit(
 ) -> tuple[float, float]:
     """Admit one call under every limit, or say how long to wait.
 
-    Returns ``(wait_seconds, now)``: 0 when admitted (and counted) at ``now``.
+    Returns ``(wait_seconds, now)``: 0 when admitted (and counted) at
+    ``now``, Redis's time.
     """
-    now = time.time()
     if not limits:
-        return 0.0, now
+        return 0.0, time.time()
     keys = [limit_key(prefix, lim, model, context) for lim in limits]
-    args: list[Any] = [repr(now)]
+    args: list[Any] = []
     for lim in limits:
         counted = prompt_tokens if lim.count in ("input", "total") else 0
         args += [repr(lim.period), lim.requests or 0, lim.tokens or 0, counted]
     args.append(uuid.uuid4().hex)
-    wait = float(client.eval(_ADMIT, len(keys), *keys, *args))
-    return wait, now
+    wait, now = str(client.eval(_ADMIT, len(keys), *keys, *args)).split()
+    return float(wait), float(now)
 
 
 def record_output(
@@ -107,7 +110,8 @@ def record_output(
     counting = [lim for lim in limits if lim.tokens and lim.count in ("output", "total")]
     if not counting or output_tokens <= 0:
         return
-    now = time.time()
+    seconds, micros = client.time()  # the clock the admission script uses
+    now = seconds + micros / 1_000_000
     pipe = client.pipeline(transaction=False)
     for lim in counting:
         key = limit_key(prefix, lim, model, context)
