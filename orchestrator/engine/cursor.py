@@ -15,7 +15,12 @@ from schemas import ConversationState, EventName, TurnStatus
 
 
 def move_cursor(session: Session, conv: Conversation, **values: Any) -> bool:
-    """``UPDATE … WHERE version = :v``: True for exactly one of any racing copies."""
+    """``UPDATE … WHERE version = :v``: True for exactly one of any racing copies.
+
+    A move is progress: the stall clock restarts, the sweeper's re-dispatch
+    count and any deferral of the old position are cleared.
+    """
+    values = {"redispatches": 0, "due_at": None, **values}
     result = session.execute(
         update(Conversation)
         .where(col(Conversation.id) == conv.id, col(Conversation.version) == conv.version)

@@ -84,6 +84,12 @@ class Conversation(SQLModel, table=True):
     progress_at: datetime = _time()
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_until: datetime | None = _time(nullable=True)
+    #: A deferred step (retry backoff, rate limit) is due at this time; the
+    #: sweeper leaves the position alone until then (plus the stall timeout).
+    due_at: datetime | None = _time(nullable=True)
+    #: How often the sweeper re-sent the current cursor position; every
+    #: cursor move resets it. Past a bound the turn fails.
+    redispatches: int = 0
     event_seq: int = 0
     depth: int = 0
     children: int = 0
@@ -121,6 +127,13 @@ class Turn(SQLModel, table=True):
     tree_cost_usd: float = 0.0
     tree_steps: int = 0
     tree_tool_calls: int = 0
+    #: Subagent conversations started by this job (on the job's turn).
+    tree_children: int = 0
+    #: Set durably before a job's tree is stopped (cancel, budget): the
+    #: status the tree ends with and why. Steps and tools of a stopping
+    #: job leave instead of starting work.
+    stop_status: str | None = Field(default=None, max_length=16)
+    stop_reason: str | None = Field(default=None, sa_type=Text)
     output: str | None = Field(default=None, sa_type=Text)
     structured: Any = _json()
     error: str | None = Field(default=None, sa_type=Text)
