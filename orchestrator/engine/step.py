@@ -76,19 +76,56 @@ def _take_lease(rt: Runtime, session: Session, conv: Conversation, owner: str) -
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
-def _release_lease(session: Session, conversation_id: str) -> None:
+def _defer(session: Session, conv: Conversation, countdown: float) -> RunStep:
+    """Release the lease and record when the step is due again, so the
+    sweeper does not take a countdown longer than the stall timeout for a
+    lost task; return the step to send with that countdown."""
+    assert conv.turn_id is not None
     session.execute(
         update(Conversation)
-        .where(col(Conversation.id) == conversation_id)
-        .values(lease_owner=None, lease_until=None)
+        .where(col(Conversation.id) == conv.id)
+        .values(
+            lease_owner=None,
+            lease_until=None,
+            due_at=utcnow() + timedelta(seconds=countdown),
+        )
     )
+    return RunStep(conv.id, conv.turn_id, conv.cursor_step, countdown=countdown)
 
 
 def run_step(
     rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
 ) -> list[Action]:
     """Call the model for ``step`` unless another copy holds the lease or
-    the cursor has moved on; persist the reply and return what runs next."""
+    the cursor has moved on; persist the reply and return what runs next.
+
+    A step that raises gives its lease up first, so its retry (or the
+    sweeper) need not wait for the lease to expire."""
+    try:
+        return _run_step(rt, conversation_id, turn_id, step, owner)
+    except BaseException:
+        _give_up_lease(rt, conversation_id, owner)
+        raise
+
+
+def _give_up_lease(rt: Runtime, conversation_id: str, owner: str) -> None:
+    try:
+        with rt.session() as session:
+            session.execute(
+                update(Conversation)
+                .where(
+                    col(Conversation.id) == conversation_id,
+                    col(Conversation.lease_owner) == owner,
+                )
+                .values(lease_owner=None, lease_until=None)
+            )
+    except Exception:  # the database itself may be what failed; the lease then expires
+        log.warning("could not release the lease of %s", conversation_id, exc_info=True)
+
+
+def _run_step(
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
+) -> list[Action]:
     began = time.monotonic()
     with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
@@ -129,8 +166,7 @@ def run_step(
                 estimate_tokens(messages),
             )
             if wait > 0:  # over a rate limit: come back when the window has room
-                _release_lease(session, conversation_id)
-                return [RunStep(conversation_id, turn_id, step, countdown=wait)]
+                return [_defer(session, conv, wait)]
             outbox.record(
                 EventName.LLM_REQUESTED,
                 conv,
@@ -302,9 +338,8 @@ def _model_failed(
             attempt=failures,
             retry_in=None if delay is None else round(delay, 3),
         )
-        if delay is not None:
-            _release_lease(session, conversation_id)  # the retry is another execution
-            return [RunStep(conversation_id, turn_id, step, countdown=delay)]
+        if delay is not None:  # the retry is another execution
+            return [_defer(session, conv, delay)]
         ended = finish_turn(
             session,
             outbox,

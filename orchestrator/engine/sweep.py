@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import update
+from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from orchestrator import registry
@@ -60,6 +60,10 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
             .where(
                 Conversation.state == ConversationState.RUNNING.value,
                 col(Conversation.progress_at) < now - timedelta(seconds=stall),
+                or_(  # a deferred step (retry, rate limit) is not stalled before it is due
+                    col(Conversation.due_at).is_(None),
+                    col(Conversation.due_at) < now - timedelta(seconds=stall),
+                ),
             )
             .limit(limit)
         ).all()
