@@ -387,3 +387,36 @@ Agent(
     scripted_model("limited"),
     rate_limits=[RateLimit(key="tenant:{tenant}", requests=RATE, period=1.0)],
 )
+
+
+# -- core: a step that fails the same way on every attempt ---------------------
+# (the context transformer raises; the turn must fail, not loop)
+
+from orchestrator import registry  # noqa: E402
+from orchestrator.context import TransformContext, context_transformer  # noqa: E402
+from schemas import AgentSpec, Message  # noqa: E402
+
+CORE_BOOM = "core-explodes: this transformer always fails"
+
+
+@context_transformer("core-explodes")
+def core_explodes(history: list[Message], ctx: TransformContext) -> list[Message]:
+    raise RuntimeError(CORE_BOOM)
+
+
+register_script("core-broken", [Reply.say("never reached")])
+registry.register_agent(
+    AgentSpec(name="core-broken", model=scripted_model("core-broken"), context=("core-explodes",))
+)
+
+register_script(
+    "core-broken-lead",
+    [Reply.call(call("subagent__core-broken", task="try")), echo_results],
+)
+registry.register_agent(
+    AgentSpec(
+        name="core-broken-lead",
+        model=scripted_model("core-broken-lead"),
+        subagents=("core-broken",),
+    )
+)
