@@ -47,7 +47,8 @@ class Settings(BaseSettings):
         default=3600, description="Seconds before Redis redelivers an unacked task."
     )
     lease_seconds: float = Field(
-        default=60.0, description="A step's model-call lease, renewed while streaming."
+        default=60.0,
+        description="A step's model-call lease, renewed by a heartbeat for the whole call.",
     )
     stall_timeout: float = Field(
         default=120.0,

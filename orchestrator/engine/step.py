@@ -21,6 +21,7 @@ from orchestrator.engine.cancel import stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import model_context
+from orchestrator.engine.lease import heartbeat
 from orchestrator.engine.output import (
     FINAL_ANSWER,
     NUDGE,
@@ -184,10 +185,8 @@ def _run_step(
         return [*actions, Revoke(tuple(revoke))]
 
     tools = _offered_tools(spec) if tools_allowed else []
-    renew = _LeaseRenewer(rt, conversation_id, owner)
 
     def on_delta(text: str) -> None:
-        renew.maybe()
         rt.publish_live(
             Event(
                 name=EventName.ASSISTANT_DELTA,
@@ -203,15 +202,18 @@ def _run_step(
 
     started = time.monotonic()
     try:
-        messages = _fit_context(rt, spec, conversation_id, system, messages)
-        reply = complete(
-            spec.model,
-            messages,
-            tools or None,
-            spec.model_settings,
-            on_delta=on_delta,
-            should_stop=_cancel_watch(rt, correlation_id),
-        )
+        # The heartbeat keeps the lease alive for the whole call, text or
+        # not. A lease lost meanwhile lets the call finish: its usage counts.
+        with heartbeat(rt).hold(conversation_id, owner) as lease:
+            messages = _fit_context(rt, spec, conversation_id, system, messages)
+            reply = complete(
+                spec.model,
+                messages,
+                tools or None,
+                spec.model_settings,
+                on_delta=on_delta,
+                should_stop=_cancel_watch(rt, correlation_id),
+            )
     except ModelError as exc:
         return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
     record_output(
@@ -222,6 +224,10 @@ def _run_step(
         context_data,
         reply.usage.output_tokens,
     )
+    if lease.lost.is_set():
+        log.warning("step %d: another copy took the lease; leaving without persisting", step)
+        _record_superseded(rt, conversation_id, turn_id, step, reply)
+        return []
     if reply.stopped:
         log.info("step %d: model call stopped: the job was cancelled", step)
         return []
@@ -261,28 +267,6 @@ def _cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Calla
         return bool(rt.redis.exists(key))
 
     return should_stop
-
-
-class _LeaseRenewer:
-    """Extends the step's lease while the model streams."""
-
-    def __init__(self, rt: Runtime, conversation_id: str, owner: str) -> None:
-        self.rt, self.conversation_id, self.owner = rt, conversation_id, owner
-        self.last = time.monotonic()
-
-    def maybe(self) -> None:
-        if time.monotonic() - self.last < self.rt.settings.lease_seconds / 3:
-            return
-        self.last = time.monotonic()
-        with self.rt.session() as session:
-            session.execute(
-                update(Conversation)
-                .where(
-                    col(Conversation.id) == self.conversation_id,
-                    col(Conversation.lease_owner) == self.owner,
-                )
-                .values(lease_until=utcnow() + timedelta(seconds=self.rt.settings.lease_seconds))
-            )
 
 
 def _load_owned(
@@ -434,10 +418,30 @@ def _persist(
     tools_allowed: bool,
 ) -> list[Action]:
     """``clocks``: monotonic times the model call and the step task began."""
+    actions = _persist_owned(
+        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed
+    )
+    if actions is None:  # the lease was lost or the cursor moved while the model ran
+        _record_superseded(rt, conversation_id, turn_id, step, reply)
+        return []
+    return actions
+
+
+def _persist_owned(
+    rt: Runtime,
+    conversation_id: str,
+    turn_id: str,
+    step: int,
+    owner: str,
+    reply: ModelReply,
+    clocks: tuple[float, float],
+    tools_allowed: bool,
+) -> list[Action] | None:
+    """Store the reply if this copy still owns the step; None if it does not."""
     with rt.transaction() as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
-            return []
+            return None
         conv, turn = loaded
         spec = AgentSpec.model_validate(conv.agent_spec)
         final = final_call(spec, reply.tool_calls)
@@ -461,11 +465,34 @@ def _persist(
         if actions is None:  # another copy moved the cursor first
             outbox.discard()
             session.rollback()
-            return []
+            return None
     log.info(
         "step %d: model answered with %d tool calls (%s)", step, len(reply.tool_calls), verdict
     )
     return actions
+
+
+def _record_superseded(
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, reply: ModelReply
+) -> None:
+    """A reply that is not stored was still paid for: add its usage to the
+    job's tree totals and say so in a ``usage`` event (``superseded``)."""
+    with rt.transaction() as (session, outbox):
+        conv = session.get(Conversation, conversation_id)
+        turn = session.get(Turn, turn_id)
+        if conv is None or turn is None:
+            return
+        roll_up(session, job_of(session, turn).id, reply.usage, 0)
+        outbox.record(
+            EventName.USAGE,
+            conv,
+            turn,
+            step,
+            input_tokens=reply.usage.input_tokens,
+            output_tokens=reply.usage.output_tokens,
+            cost_usd=reply.usage.cost_usd,
+            superseded=True,
+        )
 
 
 def _add_usage(

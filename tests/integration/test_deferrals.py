@@ -10,6 +10,7 @@ import pytest
 from orchestrator import Client
 from schemas import AgentSpec, EventName
 from schemas.specs import RetryPolicy
+from tests.fleet import running_beat
 from tests.loopback_llm import LoopbackLLM
 
 pytestmark = pytest.mark.integration
@@ -20,9 +21,9 @@ BACKOFF = 20.0  # well over the fleet's stall timeout (8 s) plus a sweep interva
 def test_retry_backoff_longer_than_the_stall_timeout_is_not_redispatched_early(
     client: Client, settings: Any, workers: Any
 ) -> None:
-    assert BACKOFF > settings.stall_timeout + 2 * settings.sweep_interval
-    with LoopbackLLM() as server:
-        # Given a provider that fails once with a retryable error, then answers
+    assert settings.stall_timeout + 2 * settings.sweep_interval < BACKOFF
+    with LoopbackLLM() as server, running_beat(settings):
+        # Given the sweeper, and a provider that fails once (retryable), then answers
         server.enqueue_error(503, message="overloaded")
         server.enqueue_text("Recovered.")
         agent = AgentSpec(
