@@ -4,25 +4,35 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from orchestrator import Client, Settings
 from tests.conftest import ROOT, WorkerProcess, worker_env
 
 
 @contextmanager
-def running_beat(settings: Settings) -> Iterator[None]:
-    """`chorus beat` (the periodic sweeper) for the fleet of ``settings``."""
+def running_beat(settings: Settings, timeout: float = 60.0) -> Iterator[None]:
+    """`chorus beat` (the periodic sweeper) for the fleet of ``settings``,
+    once it has sent its first sweep (starting it takes seconds)."""
+    log = Path(settings.state_dir) / f"beat-{uuid.uuid4().hex[:8]}.log"
     beat = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "beat", "-l", "WARNING"],
+        [sys.executable, "-m", "orchestrator.cli", "beat", "-l", "INFO"],
         cwd=ROOT,
         env=worker_env(settings),
         start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
     )
     try:
+        deadline = time.monotonic() + timeout
+        while "Sending due task" not in log.read_text(errors="replace"):
+            if beat.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"beat did not start:\n{log.read_text(errors='replace')}")
+            time.sleep(0.2)
         yield
     finally:
         beat.terminate()
