@@ -93,7 +93,12 @@ class Heartbeat:
             kept = set(
                 session.execute(
                     update(Conversation)
-                    .where(col(Conversation.lease_owner).in_(list(held)))
+                    .where(  # by primary key, then owner: no scan of the table
+                        col(Conversation.id).in_(
+                            sorted({x.conversation_id for x in held.values()})
+                        ),
+                        col(Conversation.lease_owner).in_(list(held)),
+                    )
                     .values(lease_until=until)
                     .returning(col(Conversation.lease_owner))
                 ).scalars()
