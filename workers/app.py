@@ -6,10 +6,11 @@ from typing import Any
 
 from celery import Celery
 from celery._state import _set_task_join_will_block
-from celery.signals import setup_logging, worker_process_init, worker_ready
+from celery.signals import setup_logging, worker_init, worker_process_init, worker_ready
 
 from orchestrator import registry
-from orchestrator.celery_conf import make_celery
+from orchestrator.celery_conf import QUEUES, make_celery
+from orchestrator.llm.call import warm
 from orchestrator.logs import setup_logging as configure_logging
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
@@ -30,6 +31,16 @@ def no_result_subscriptions(**_: Any) -> None:
     _set_task_join_will_block(True)
 
 
+def warm_model_client(sender: Any = None, **_: Any) -> None:
+    """A worker that takes model calls loads the model client before it
+    starts consuming (``worker_init`` runs before the pool starts; prefork
+    children inherit it), so the first calls it admits under a rate limit
+    are sent at once rather than after seconds of imports."""
+    selected = sender.app.amqp.queues.consume_from if sender is not None else None
+    if not selected or QUEUES["chorus.step"] in selected:
+        warm()
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     """A Celery app with the Chorus tasks, importing ``settings.modules``."""
     settings = settings or load_settings()
@@ -37,6 +48,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = make_celery(settings)
     register_tasks(app, Runtime(settings))
     worker_process_init.connect(_forget_inherited_engines, weak=False)
+    worker_init.connect(warm_model_client, weak=False)
     worker_ready.connect(no_result_subscriptions, weak=False)
 
     def _logging(loglevel: str | int | None = None, **_: Any) -> None:
