@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from celery import Celery
 from celery._state import _set_task_join_will_block
-from celery.signals import setup_logging, worker_init, worker_process_init, worker_ready
+from celery.signals import (
+    celeryd_after_setup,
+    setup_logging,
+    worker_process_init,
+    worker_ready,
+)
 
 from orchestrator import registry
 from orchestrator.celery_conf import QUEUES, make_celery
@@ -31,14 +37,23 @@ def no_result_subscriptions(**_: Any) -> None:
     _set_task_join_will_block(True)
 
 
-def warm_model_client(sender: Any = None, **_: Any) -> None:
-    """A worker that takes model calls loads the model client before it
-    starts consuming (``worker_init`` runs before the pool starts; prefork
-    children inherit it), so the first calls it admits under a rate limit
-    are sent at once rather than after seconds of imports."""
-    selected = sender.app.amqp.queues.consume_from if sender is not None else None
+def prepare_worker(instance: Any = None, **_: Any) -> None:
+    """Before a worker consumes (``celeryd_after_setup``: logging is set
+    up, the pool not started, so prefork children inherit this):
+
+    - a worker that takes model calls loads the model client, so the calls
+      it admits under a rate limit are sent at once, not after seconds of
+      first imports;
+    - the heap built at startup (litellm alone is ~400k objects) is frozen
+      out of the garbage collector: a full collection over it stops every
+      thread of the process for most of a second, between admitting calls
+      and sending them.
+    """
+    selected = instance.app.amqp.queues.consume_from if instance is not None else None
     if not selected or QUEUES["chorus.step"] in selected:
         warm()
+    gc.collect()
+    gc.freeze()
 
 
 def create_app(settings: Settings | None = None) -> Celery:
@@ -48,7 +63,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = make_celery(settings)
     register_tasks(app, Runtime(settings))
     worker_process_init.connect(_forget_inherited_engines, weak=False)
-    worker_init.connect(warm_model_client, weak=False)
+    celeryd_after_setup.connect(prepare_worker, weak=False)
     worker_ready.connect(no_result_subscriptions, weak=False)
 
     def _logging(loglevel: str | int | None = None, **_: Any) -> None:
