@@ -89,8 +89,15 @@ def admit(
     model: str,
     context: Mapping[str, Any],
     prompt_tokens: int,
+    allowance: float = 0.0,
 ) -> tuple[float, float]:
     """Admit one call under every limit, or say how long to wait.
+
+    ``allowance``: how long after admission the call may reach the provider
+    (the rest of the step, the model client's own work, a busy process).
+    Each call counts in its window that much longer than the limit's
+    period: calls admitted a period apart can reach the provider closer
+    together than that, in a window the provider counts.
 
     Returns ``(wait_seconds, now)``: 0 when admitted (and counted) at
     ``now``, Redis's time.
@@ -101,7 +108,7 @@ def admit(
     args: list[Any] = []
     for lim in limits:
         counted = prompt_tokens if lim.count in ("input", "total") else 0
-        args += [repr(lim.period), lim.requests or 0, lim.tokens or 0, counted]
+        args += [repr(lim.period + allowance), lim.requests or 0, lim.tokens or 0, counted]
     args.append(uuid.uuid4().hex)
     wait, now = str(client.eval(_ADMIT, len(keys), *keys, *args)).split()
     return float(wait), float(now)
@@ -114,6 +121,7 @@ def record_output(
     model: str,
     context: Mapping[str, Any],
     output_tokens: int,
+    allowance: float = 0.0,
 ) -> None:
     """Count a finished call's output tokens in the windows that count them."""
     counting = [lim for lim in limits if lim.tokens and lim.count in ("output", "total")]
@@ -125,7 +133,7 @@ def record_output(
     for lim in counting:
         key = limit_key(prefix, lim, model, context)
         pipe.zadd(key, {f"{uuid.uuid4().hex}:t:{output_tokens}": now})
-        pipe.pexpire(key, int(lim.period * 1000) + 1000)
+        pipe.pexpire(key, int((lim.period + allowance) * 1000) + 1000)
     try:
         pipe.execute()
     except redis.RedisError:  # the call is done; a lost count only loosens the limit

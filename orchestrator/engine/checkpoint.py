@@ -164,7 +164,8 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         included = [row_to_message(r) for r in rows if after < (r.id or 0) <= boundary.id]
         prompt = strategy(agent, previous.summary if previous else None, included)
         limits = (rt.redis, rt.settings.redis_prefix, agent.rate_limits, agent.model)
-        wait, _ = admit(*limits, turn.context_data, request_tokens(prompt))
+        allowance = rt.settings.rate_limit_allowance
+        wait, _ = admit(*limits, turn.context_data, request_tokens(prompt), allowance)
         if wait > 0:  # nothing stored yet
             raise RateLimited(wait)
         summarizer = Conversation(
@@ -197,7 +198,7 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         boundary_id = boundary.id
 
     reply = complete(agent.model, prompt, None, agent.model_settings)
-    record_output(*limits, turn.context_data, reply.usage.output_tokens)
+    record_output(*limits, turn.context_data, reply.usage.output_tokens, allowance)
 
     with rt.transaction() as (session, outbox):
         usage = reply.usage

@@ -177,6 +177,7 @@ def run_step(
         spec.model,
         context_data,
         reply.usage.output_tokens,
+        rt.settings.rate_limit_allowance,
     )
     if reply.stopped:
         log.info("step %d: model call stopped: the job was cancelled", step)
@@ -199,7 +200,13 @@ def _admit(
     and about to be sent; record ``llm.requested`` when they do. Returns how
     long to wait first (0: admitted)."""
     wait, admitted_at = admit(
-        rt.redis, rt.settings.redis_prefix, spec.rate_limits, spec.model, turn.context_data, tokens
+        rt.redis,
+        rt.settings.redis_prefix,
+        spec.rate_limits,
+        spec.model,
+        turn.context_data,
+        tokens,
+        rt.settings.rate_limit_allowance,
     )
     if wait <= 0:
         outbox.record(
