@@ -76,7 +76,8 @@ def test_a_fresh_fleet_sends_no_more_than_the_limit_in_any_second(
     fresh: tuple[Client, list[WorkerProcess]],
 ) -> None:
     client, fleet = fresh
-    with TimedLLM() as server:
+    server = TimedLLM()
+    with server:
         for _ in range(JOBS):
             server.enqueue_text("ok")
         agent = AgentSpec(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import litellm
 import pytest
@@ -74,7 +74,8 @@ def tool_heavy_run(client: Client, workers: Any) -> Run:
         requests = server.requests
     rt = client.runtime
     key = limit_key(rt.settings.redis_prefix, limit, agent.model, {})
-    window = {str(m): s for m, s in rt.redis.zrange(key, 0, -1, withscores=True)}
+    entries = cast(list[tuple[str, float]], rt.redis.zrange(key, 0, -1, withscores=True))
+    window = {str(member): score for member, score in entries}
     return Run(job, requests, window)
 
 
