@@ -9,15 +9,18 @@ The context-token limit (checkpoints) and token rate limits count all of it.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, cast
 
 import litellm
 import pytest
+from sqlmodel import select
 
 from orchestrator import Client, Job
 from orchestrator.ratelimit import limit_key, request_tokens
+from orchestrator.store.tables import CheckpointRow
 from schemas import AgentSpec, EventName, RateLimit
 from tests.loopback_llm import LoopbackLLM
 
@@ -156,3 +159,47 @@ def test_a_token_rate_limit_admits_by_the_whole_request(client: Client, workers:
     )
     assert len(admitted) == 2
     assert admitted[1] - admitted[0] >= 2.0 - 0.01
+
+
+def test_a_requested_checkpoint_waits_for_the_rate_limit(client: Client, workers: Any) -> None:
+    # Given an agent allowed one model call every 5 s, and a finished turn
+    limit = RateLimit(key=f"books-{uuid.uuid4().hex[:8]}", requests=1, period=5.0)
+    with LoopbackLLM() as server:
+        server.enqueue_text("noted")
+        server.enqueue_text("SUMMARY: the user booked nothing yet.")
+        agent = AgentSpec(
+            name="bookkeeper",
+            model="openai/loopback-model",
+            model_settings={"api_base": server.base_url},
+            rate_limits=[limit],
+        )
+        job = client.submit(agent, "Remember the ledger.")
+        assert job.result(timeout=60) == "noted"
+
+        # When a client asks for a checkpoint at once
+        client.checkpoint(job.conversation_id)
+        deadline = time.monotonic() + 60
+        while not _checkpoints(client, job.conversation_id):
+            assert time.monotonic() < deadline, "the requested checkpoint never completed"
+            time.sleep(0.2)
+        rt = client.runtime
+        key = limit_key(rt.settings.redis_prefix, limit, agent.model, {})
+        entries = cast(list[tuple[str, float]], rt.redis.zrange(key, 0, -1, withscores=True))
+        assert server.pending == 0
+
+    # Then its call waited for the window: admitted a period after the step's
+    # (whose entry its admission dropped from the window)
+    step = next(
+        e.data["admitted_at"]
+        for e in job.events(deltas=False, timeout=5)
+        if e.name is EventName.LLM_REQUESTED
+    )
+    admitted = [score for member, score in entries if ":r:" in str(member)]
+    assert len(admitted) == 1
+    assert admitted[0] - step >= limit.period
+
+
+def _checkpoints(client: Client, conversation_id: str) -> list[CheckpointRow]:
+    with client.runtime.session() as s:
+        query = select(CheckpointRow).where(CheckpointRow.conversation_id == conversation_id)
+        return list(s.exec(query).all())
