@@ -6,6 +6,12 @@ admitted if the window holds fewer than ``requests`` calls and fewer than
 ``tokens`` prompt tokens; otherwise the script answers how long until the
 oldest entry leaves the window, and the step is sent again with that
 countdown (deferred, never dropped, never spinning in a worker slot).
+
+A call is admitted once its request is built and the model client loaded,
+just before it is sent, and it counts in its window for the limit's period
+plus an allowance for the time it may still take to reach the provider
+(``CHORUS_RATE_LIMIT_ALLOWANCE``): the provider's window never holds more
+than the limit. Tokens are those of the whole request (:func:`request_tokens`).
 """
 
 from __future__ import annotations
