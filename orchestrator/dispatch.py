@@ -50,7 +50,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 queue="llm",
                 ignore_result=True,
                 argsrepr=f"conv={_short(action.conversation_id)}",
-            ).apply_async()
+            ).apply_async(countdown=action.countdown or None)
         elif isinstance(action, Revoke):
             if action.task_ids:
                 app.control.revoke(list(action.task_ids))

@@ -73,6 +73,13 @@ class Settings(BaseSettings):
     max_tool_result_chars: int = Field(
         default=100_000, description="Tool results longer than this are truncated."
     )
+    rate_limit_allowance: float = Field(
+        default=0.25,
+        ge=0,
+        description="Seconds a model call may take from its rate-limit admission to "
+        "the provider: each admitted call counts in its window this much longer, so the "
+        "provider's own window never sees more than the limit.",
+    )
 
     @field_validator("modules", mode="before")
     @classmethod

@@ -420,3 +420,31 @@ registry.register_agent(
         subagents=("core-broken",),
     )
 )
+
+
+# -- tokens: a tool-heavy agent's requests are mostly schema, arguments and ----
+# -- structured results, with little message text ------------------------------
+
+
+@tool
+def ledger(entries: list[str], note: str = "") -> dict[str, Any]:
+    """Store ledger entries and return each one itemized, with its size.
+
+    Each entry is one line of a ledger: a date, a counterparty, an amount and
+    a free-text memo, separated by semicolons. Entries are stored in the order
+    given, numbered from zero, and returned itemized so that the caller can
+    check what was recorded against what it meant to record. The note, when
+    given, is stored with the whole batch and returned unchanged. Amounts are
+    not validated or summed here: a separate reconciliation tool does that,
+    and the ledger only guarantees that every entry it acknowledges is kept
+    exactly as sent. Call it once per batch rather than once per entry; a
+    batch of a few dozen entries is fine. Entries that repeat an earlier one
+    are stored again, never merged.
+
+    Args:
+        entries: the ledger lines to store, in order, one string per entry,
+            each as "date; counterparty; amount; memo".
+        note: an optional note stored with the whole batch.
+    """
+    items = [{"n": i, "entry": e, "chars": len(e)} for i, e in enumerate(entries)]
+    return {"stored": len(entries), "items": items, "note": note}

@@ -11,7 +11,7 @@ from celery.exceptions import Retry
 from orchestrator import engine
 from orchestrator.dispatch import dispatch
 from orchestrator.engine.actions import Action
-from orchestrator.engine.checkpoint import take_checkpoint
+from orchestrator.engine.checkpoint import run_checkpoint
 from orchestrator.engine.failures import describe, fail_at, fail_call, is_transient
 from orchestrator.engine.step import new_lease_owner
 from orchestrator.logs import log_context
@@ -107,7 +107,7 @@ def register_tasks(app: Celery, rt: Runtime) -> None:
     @app.task(name="chorus.checkpoint")
     def checkpoint(conversation_id: str) -> None:
         with log_context(conversation_id=conversation_id):
-            take_checkpoint(rt, conversation_id)
+            dispatch(app, run_checkpoint(rt, conversation_id))
 
     @app.task(name="chorus.sweep")
     def sweep() -> int:

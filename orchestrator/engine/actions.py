@@ -68,6 +68,7 @@ class Checkpoint:
     """Summarize a conversation in the background (task ``chorus.checkpoint``)."""
 
     conversation_id: str
+    countdown: float = 0.0  # seconds to wait first (over a rate limit)
 
 
 Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint

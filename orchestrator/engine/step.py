@@ -35,10 +35,10 @@ from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import Outbox
 from orchestrator.keys import cancelled
-from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
+from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai, warm
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
-from orchestrator.ratelimit import admit, estimate_tokens, record_output
+from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
 from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, ToolCallBlock, TurnStatus
@@ -128,6 +128,7 @@ def _run_step(
     rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
 ) -> list[Action]:
     began = time.monotonic()
+    warm()  # before admission: an admitted call is sent at once, not after imports
     with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         if conv is None or not is_current(conv, turn_id, step, -1):
@@ -158,33 +159,19 @@ def _run_step(
             tools_allowed = tool_calls_left(job) != 0
             system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
             messages = to_openai_messages(system, model_context(session, conv.id, spec))
-            wait, admitted_at = admit(
-                rt.redis,
-                rt.settings.redis_prefix,
-                spec.rate_limits,
-                spec.model,
-                turn.context_data,
-                estimate_tokens(messages),
-            )
-            if wait > 0:  # over a rate limit: come back when the window has room
+            tools = _offered_tools(spec) if tools_allowed else []
+            size = request_tokens(messages, tools)
+            fits = spec.context_tokens is None or size <= spec.context_tokens
+            # past the context limit a checkpoint comes first, and admission after it
+            wait = _admit(rt, outbox, conv, turn, step, spec, size) if fits else 0.0
+            if wait > 0:
                 return [_defer(session, conv, wait)]
-            outbox.record(
-                EventName.LLM_REQUESTED,
-                conv,
-                turn,
-                step,
-                model=spec.model,
-                admitted_at=admitted_at,
-                worker=_worker(),
-            )
         correlation_id = turn.correlation_id
         root_id = conv.root_id
         context_data = turn.context_data
     if over is not None:
         revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over)
         return [*actions, Revoke(tuple(revoke))]
-
-    tools = _offered_tools(spec) if tools_allowed else []
 
     def on_delta(text: str) -> None:
         rt.publish_live(
@@ -202,10 +189,16 @@ def _run_step(
 
     started = time.monotonic()
     try:
-        # The heartbeat keeps the lease alive for the whole call, text or
-        # not. A lease lost meanwhile lets the call finish: its usage counts.
+        # The heartbeat keeps the lease alive for the whole call (and a
+        # checkpoint's call before it), text or not. A lease lost meanwhile
+        # lets the call finish: its usage counts.
         with heartbeat(rt).hold(conversation_id, owner) as lease:
-            messages = _fit_context(rt, spec, conversation_id, system, messages)
+            if not fits:
+                messages, ended = _fit_context(
+                    rt, spec, (conversation_id, turn_id, step, owner), system, tools
+                )
+                if ended is not None:
+                    return ended
             reply = complete(
                 spec.model,
                 messages,
@@ -223,34 +216,103 @@ def _run_step(
         spec.model,
         context_data,
         reply.usage.output_tokens,
+        rt.settings.rate_limit_allowance,
     )
-    if lease.lost.is_set():
-        log.warning("step %d: another copy took the lease; leaving without persisting", step)
-        _record_superseded(rt, conversation_id, turn_id, step, reply)
-        return []
-    if reply.stopped:
-        log.info("step %d: model call stopped: the job was cancelled", step)
-        return []
+    if lease.lost.is_set() or reply.stopped:
+        return _left(rt, (conversation_id, turn_id, step), reply, lost=lease.lost.is_set())
     return _persist(
         rt, conversation_id, turn_id, step, owner, reply, (started, began), tools_allowed
     )
 
 
+def _left(rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, *, lost: bool) -> list[Action]:
+    """The call ended but its reply is not this copy's to store: another copy
+    took the lease (the usage still counts: the provider was paid) or the
+    job was cancelled."""
+    conversation_id, turn_id, step = ids
+    if lost:
+        log.warning("step %d: another copy took the lease; leaving without persisting", step)
+        _record_superseded(rt, conversation_id, turn_id, step, reply)
+    else:
+        log.info("step %d: model call stopped: the job was cancelled", step)
+    return []
+
+
+def _admit(
+    rt: Runtime,
+    outbox: Outbox,
+    conv: Conversation,
+    turn: Turn,
+    step: int,
+    spec: AgentSpec,
+    tokens: int,
+) -> float:
+    """Ask the agent's rate limits to admit the request of ``tokens``, built
+    and about to be sent; record ``llm.requested`` when they do. Returns how
+    long to wait first (0: admitted)."""
+    wait, admitted_at = admit(
+        rt.redis,
+        rt.settings.redis_prefix,
+        spec.rate_limits,
+        spec.model,
+        turn.context_data,
+        tokens,
+        rt.settings.rate_limit_allowance,
+    )
+    if wait <= 0:
+        outbox.record(
+            EventName.LLM_REQUESTED,
+            conv,
+            turn,
+            step,
+            model=spec.model,
+            admitted_at=admitted_at,
+            worker=_worker(),
+        )
+    return wait
+
+
+def _defer_owned(
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str, wait: float
+) -> list[Action]:
+    with rt.transaction() as (session, _):
+        loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+        if loaded is None:
+            return []
+        return [_defer(session, loaded[0], wait)]
+
+
 def _fit_context(
     rt: Runtime,
     spec: AgentSpec,
-    conversation_id: str,
+    ids: tuple[str, str, int, str],
     system: str,
-    messages: list[dict[str, Any]],
-) -> list[dict[str, Any]]:
-    """When the prompt would pass the agent's context-token limit, take a
-    checkpoint first and rebuild the prompt around its summary."""
-    if spec.context_tokens is None or estimate_tokens(messages) <= spec.context_tokens:
-        return messages
-    if not take_checkpoint(rt, conversation_id):
-        return messages  # nothing left to summarize
-    with rt.session() as session:
-        return to_openai_messages(system, model_context(session, conversation_id, spec))
+    tools: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[Action] | None]:
+    """The prompt passes the agent's context-token limit: take a checkpoint
+    first, rebuild the prompt around its summary and admit it.
+
+    ``ids``: conversation, turn, step, lease owner. Returns the messages to
+    send, or the actions that end this execution instead (a deferral, a
+    retry, or none when another copy took over).
+    """
+    conversation_id, turn_id, step, owner = ids
+    try:
+        take_checkpoint(rt, conversation_id)  # False: nothing left to summarize; sent as is
+        with rt.transaction() as (session, outbox):
+            loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+            if loaded is None:
+                return [], []
+            conv, turn = loaded
+            messages = to_openai_messages(system, model_context(session, conversation_id, spec))
+            wait = _admit(rt, outbox, conv, turn, step, spec, request_tokens(messages, tools))
+            if wait > 0:
+                raise RateLimited(wait)
+    except ModelError as exc:
+        return [], _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
+    except RateLimited as limited:
+        return [], _defer_owned(rt, conversation_id, turn_id, step, owner, limited.wait)
+    return messages, None
 
 
 def _cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Callable[[], bool]:

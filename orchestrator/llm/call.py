@@ -19,7 +19,11 @@ never on ``finish_reason`` (litellm's mock tool calls report ``stop``).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -47,6 +51,8 @@ INVALID_ARGUMENTS_KEY = "__invalid_arguments__"
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
 _END = object()
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,47 @@ def _litellm() -> ModuleType:
 
     litellm.suppress_debug_info = True
     return litellm
+
+
+_warm_lock = threading.Lock()
+_warmed = False
+
+
+def warm() -> None:
+    """Load the model client in this process, once: litellm, the scripted
+    provider, and what litellm's first HTTP call imports (the openai
+    provider, httpx's transport: ~1 s, more under load).
+
+    A rate limit admits a call at the moment it is sent, so that first-call
+    cost must be paid before admission: workers call this before they
+    report ready, and every step before it asks the limiter. The warm-up is
+    one call to a local port that refuses it (a socket bound, not
+    listening): no request leaves the machine.
+    """
+    global _warmed
+    with _warm_lock:
+        if _warmed:
+            return
+        began = time.monotonic()
+        _litellm()
+        from orchestrator.llm import scripted
+
+        scripted.install()
+        try:
+            _refused_call()
+        except Exception:  # a warm-up is best effort: the first real call pays instead
+            log.warning("model client warm-up failed", exc_info=True)
+        _warmed = True
+        log.info("model client loaded in %.2f s", time.monotonic() - began)
+
+
+def _refused_call() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        base = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+        settings = {"api_base": base, "api_key": "warm-up", "timeout": 5}
+        with suppress(ModelError):
+            complete("openai/chorus-warm-up", [{"role": "user", "content": "."}], None, settings)
 
 
 def complete(
