@@ -17,7 +17,7 @@ from orchestrator.engine.actions import Checkpoint as CheckpointAction
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
 from orchestrator.engine.turns import TurnRef, start_turn
-from orchestrator.errors import ConversationNotFound, InvalidRequestError, JobFailedError
+from orchestrator.errors import ConversationNotFound, InvalidRequestError, JobFailedError, invalid
 from orchestrator.events import row_to_event
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
@@ -34,12 +34,6 @@ from schemas import (
     TurnStatus,
     Usage,
 )
-
-
-def _invalid(exc: ValidationError) -> InvalidRequestError:
-    fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
-    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-    return InvalidRequestError(f"invalid job request: {detail}", fields)
 
 
 class Client:
@@ -85,7 +79,7 @@ class Client:
                 budget=budget,
             )
         except ValidationError as exc:
-            raise _invalid(exc) from None
+            raise invalid(exc, "job request") from None
         if len(request.input) > self.settings.max_input_chars:
             raise InvalidRequestError(
                 f"input: {len(request.input)} characters; the limit is "

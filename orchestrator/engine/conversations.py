@@ -8,7 +8,7 @@ from sqlmodel import Session, col
 
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.engine.history import copy_messages
-from orchestrator.errors import ConversationBusyError, ConversationNotFound, InvalidRequestError
+from orchestrator.errors import ConversationBusyError, ConversationNotFound, invalid
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, new_id
 from schemas import ConversationState, Message
@@ -63,9 +63,7 @@ def load(
     try:
         checked = _messages.validate_python(raw)
     except ValidationError as exc:
-        fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
-        detail = "; ".join(f"{f}: {e['msg']}" for f, e in zip(fields, exc.errors(), strict=True))
-        raise InvalidRequestError(f"invalid messages: {detail}", fields) from None
+        raise invalid(exc, "messages") from None
     with rt.session() as session:
         conv = load_idle(session, conversation_id)
         _claim(session, conv)

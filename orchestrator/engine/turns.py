@@ -9,11 +9,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from orchestrator import registry
+from orchestrator.context import transformer
 from orchestrator.engine.actions import Action, RunStep
+from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.errors import ConversationBusyError, InvalidRequestError
 from orchestrator.runtime import Runtime
+from orchestrator.specs import check_spec
 from orchestrator.store.tables import Conversation, MessageRow, Turn
 from schemas import AgentSpec, ConversationState, EventName, JobRequest, TextBlock
 from schemas.jobs import MAX_CONTEXT_BYTES
@@ -29,11 +32,26 @@ class TurnRef:
 
 
 def resolve_agent(agent: str | AgentSpec) -> AgentSpec:
-    """The registered agent of that name, or an inline spec whose tools exist."""
-    if isinstance(agent, str):
-        return registry.get_agent(agent)
-    registry.check_agent(agent)
-    return agent
+    """The registered agent of that name, or an inline spec, once everything
+    it names exists (tools, subagents, context transformers, checkpoint
+    strategy, in it and in its subagents) and its settings pass
+    :func:`~orchestrator.specs.check_spec`: a spec that would fail every
+    step is refused here, at submit."""
+    spec = registry.get_agent(agent) if isinstance(agent, str) else agent
+    _check_tree(spec, set())
+    return spec
+
+
+def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
+    seen.add(spec.name)
+    check_spec(spec)
+    registry.check_agent(spec)
+    for name in spec.context:
+        transformer(spec, name)
+    strategy_of(spec)
+    for name in spec.subagents:
+        if name not in seen:
+            _check_tree(registry.get_agent(name), seen)
 
 
 def _check_context(request: JobRequest) -> None:
