@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from orchestrator.errors import InvalidRequestError, SecretInSettingsError
+from orchestrator.store.values import check
 from schemas import AgentSpec, RateLimit
 
 #: Keys that carry a credential (compared lower-cased, ``-`` as ``_``),
@@ -131,7 +132,9 @@ def check_key_template(index: int, limit: RateLimit) -> None:
 
 
 def check_spec(spec: AgentSpec) -> None:
-    """The checks that need no registry (see the module docstring)."""
+    """The checks that need no registry (see the module docstring), and
+    that the spec can be stored (:func:`~orchestrator.store.values.check`)."""
+    check(spec, "agent")
     refuse_credentials(spec.model_settings)
     for index, limit in enumerate(spec.rate_limits):
         check_key_template(index, limit)

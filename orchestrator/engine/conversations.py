@@ -11,6 +11,7 @@ from orchestrator.engine.history import copy_messages
 from orchestrator.errors import ConversationBusyError, ConversationNotFound, invalid
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, new_id
+from orchestrator.store.values import check
 from schemas import ConversationState, Message
 
 _messages: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
@@ -59,6 +60,7 @@ def load(
     rt: Runtime, conversation_id: str, messages: list[Message] | list[dict[str, object]]
 ) -> int:
     """Replace the conversation's history with ``messages`` (validated)."""
+    check(messages, "messages")
     raw = [m.model_dump() if isinstance(m, Message) else m for m in messages]
     try:
         checked = _messages.validate_python(raw)

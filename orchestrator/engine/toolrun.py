@@ -18,6 +18,7 @@ from orchestrator.events import Outbox
 from orchestrator.logs import bind
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
+from orchestrator.store.values import storable
 from orchestrator.tools import ToolContext
 from schemas import AgentSpec, EventName, TurnStatus
 
@@ -107,7 +108,7 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
 
     result, is_error = _execute(call, ctx)
     log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
-    result = _cap(result, rt.settings.max_tool_result_chars)
+    result = _cap(storable(result), rt.settings.max_tool_result_chars)
 
     with rt.transaction() as (session, outbox):
         if _record_result(session, call, result, is_error):

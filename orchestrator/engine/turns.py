@@ -16,8 +16,10 @@ from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.errors import ConversationBusyError, InvalidRequestError
 from orchestrator.runtime import Runtime
+from orchestrator.settings import Settings
 from orchestrator.specs import check_spec
 from orchestrator.store.tables import Conversation, MessageRow, Turn
+from orchestrator.store.values import check
 from schemas import AgentSpec, ConversationState, EventName, JobRequest, TextBlock
 from schemas.jobs import MAX_CONTEXT_BYTES
 
@@ -54,7 +56,24 @@ def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
             _check_tree(registry.get_agent(name), seen)
 
 
-def _check_context(request: JobRequest) -> None:
+def check_input(settings: Settings, text: str, field: str) -> None:
+    """Job input (or a sent message): storable, within CHORUS_MAX_INPUT_CHARS."""
+    if not text or len(text) > settings.max_input_chars:
+        raise InvalidRequestError(
+            f"{field}: {len(text)} characters; between 1 and {settings.max_input_chars} "
+            "are accepted (CHORUS_MAX_INPUT_CHARS)",
+            [field],
+        )
+    check(text, field)
+
+
+def _check_request(settings: Settings, request: JobRequest) -> None:
+    """Everything the request would store, before anything is stored."""
+    check_input(settings, request.input, "input")
+    check(request.conversation_id, "conversation_id")
+    check(request.idempotency_key, "idempotency_key")
+    check(request.budget, "budget")
+    check(request.context_data, "context_data")
     size = len(json.dumps(request.context_data))
     if size > MAX_CONTEXT_BYTES:
         raise InvalidRequestError(
@@ -80,7 +99,7 @@ def start_turn(
     takes (recorded as ``message.dequeued``).
     """
     spec = resolve_agent(request.agent)
-    _check_context(request)
+    _check_request(rt.settings, request)
     try:
         with rt.transaction() as (session, outbox):
             found = _existing(session, request.idempotency_key)
