@@ -18,7 +18,7 @@ from orchestrator.events import Outbox
 from orchestrator.logs import bind
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
-from orchestrator.store.values import storable
+from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools import ToolContext
 from schemas import AgentSpec, EventName, TurnStatus
 
@@ -34,7 +34,8 @@ def _execute(call: ToolCallRow, ctx: ToolContext) -> tuple[Any, bool]:
     try:
         if INVALID_ARGUMENTS in call.params:
             raise InvalidRequestError(
-                f"invalid arguments for tool {call.tool!r}: not a JSON object: "
+                f"invalid arguments for tool {call.tool!r}: not a JSON object "
+                f"nested at most {MAX_DEPTH} levels deep: "
                 f"{str(call.params[INVALID_ARGUMENTS])[:500]}",
                 ["arguments"],
             )
