@@ -108,6 +108,8 @@ def check(value: Any, field: str) -> None:
     found = problem(value)
     if found is not None:
         path, why = found
+        if len(path) > 120:  # a deeply nested path: its two ends say enough
+            path = f"{path[:60]}…{path[-60:]}"
         raise InvalidRequestError(f"{field}{path}: {why}", [field])
 
 
