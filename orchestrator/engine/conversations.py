@@ -8,7 +8,12 @@ from sqlmodel import Session, col
 
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.engine.history import copy_messages
-from orchestrator.errors import ConversationBusyError, ConversationNotFound, invalid
+from orchestrator.errors import (
+    ConversationBusyError,
+    ConversationNotFound,
+    InvalidRequestError,
+    invalid,
+)
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, new_id
 from orchestrator.store.values import check
@@ -60,6 +65,8 @@ def load(
     rt: Runtime, conversation_id: str, messages: list[Message] | list[dict[str, object]]
 ) -> int:
     """Replace the conversation's history with ``messages`` (validated)."""
+    if not isinstance(messages, list | tuple):
+        raise InvalidRequestError("messages: a list of messages is required", ["messages"])
     check(messages, "messages")
     raw = [m.model_dump() if isinstance(m, Message) else m for m in messages]
     try:

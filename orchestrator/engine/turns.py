@@ -58,6 +58,8 @@ def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
 
 def check_input(settings: Settings, text: str, field: str) -> None:
     """Job input (or a sent message): storable, within CHORUS_MAX_INPUT_CHARS."""
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"{field}: a string is required", [field])
     if not text or len(text) > settings.max_input_chars:
         raise InvalidRequestError(
             f"{field}: {len(text)} characters; between 1 and {settings.max_input_chars} "

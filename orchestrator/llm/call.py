@@ -348,7 +348,12 @@ def _translate(exc: BaseException) -> ModelError:
     message = str(exc) or type(exc).__name__
     if type(exc).__name__ not in message:
         message = f"{type(exc).__name__}: {message}"
-    return ModelError(message, status=status, body=_body(exc, message), retryable=is_retryable(exc))
+    return ModelError(
+        storable_text(message),  # stored in llm.failed events and the turn's error
+        status=status,
+        body=storable_text(_body(exc, message)),
+        retryable=is_retryable(exc),
+    )
 
 
 def _body(exc: BaseException, fallback: str) -> str:

@@ -125,12 +125,16 @@ def test_hostile_ids_name_no_conversation(client: Client) -> None:
             call()
 
 
-def test_send_refuses_nul_naming_the_text(client: Client, workers: Any) -> None:
+def test_send_and_load_refuse_what_is_not_text_or_messages(client: Client, workers: Any) -> None:
     job = client.submit("quick", "hello")
     job.result(timeout=60)
-    with pytest.raises(InvalidRequestError) as caught:
-        client.send(job.conversation_id, "a\x00b")
-    assert caught.value.fields == ["text"]
+    for text in ("a\x00b", "\ud800", "", None, 42):
+        with pytest.raises(InvalidRequestError) as caught:
+            client.send(job.conversation_id, text)  # type: ignore[arg-type]
+        assert caught.value.fields == ["text"]
+    with pytest.raises(InvalidRequestError) as refused:
+        client.load(job.conversation_id, None)  # type: ignore[arg-type]
+    assert refused.value.fields == ["messages"]
 
 
 def test_the_input_cap_is_the_setting_and_can_be_raised(
@@ -308,7 +312,10 @@ def test_load_raises_only_chorus_errors(client: Client, workers: Any) -> None:
     conversation = first.conversation_id
 
     @PROPERTY
-    @given(messages=hostile_messages, target=st.one_of(st.just(conversation), hostile_text))
+    @given(
+        messages=st.one_of(hostile_messages, hostile_value),
+        target=st.one_of(st.just(conversation), hostile_text, json_leaf),
+    )
     def prop(messages: list[Any], target: str) -> None:
         try:
             client.load(target, messages)
