@@ -83,14 +83,14 @@ def problem(value: Any, depth: int = 0) -> tuple[str, str] | None:
     """(path, what is wrong) of the first part of ``value`` that cannot be
     stored as JSON; None if all of it can. Pydantic models are walked as
     their fields."""
-    if depth > MAX_DEPTH:
-        return "", f"nested deeper than {MAX_DEPTH} levels"
     if value is None or isinstance(value, bool | int | float | str):
         found = _leaf_problem(value)
         return ("", found) if found else None
     items = _items(value)
     if items is None:
         return "", f"{type(value).__name__} is not JSON"
+    if depth > MAX_DEPTH:
+        return "", f"nested deeper than {MAX_DEPTH} levels"
     keyed = isinstance(value, dict | BaseModel)
     for key, item in items:
         found = _key_problem(key) if keyed else None
@@ -115,10 +115,10 @@ def check(value: Any, field: str) -> None:
 
 def too_deep(value: Any, depth: int = 0) -> bool:
     """True if lists and objects nest deeper than :data:`MAX_DEPTH` in ``value``."""
-    if depth > MAX_DEPTH:
-        return True
     items = _items(value)
-    return items is not None and any(too_deep(v, depth + 1) for _, v in items)
+    if items is None:
+        return False
+    return depth > MAX_DEPTH or any(too_deep(v, depth + 1) for _, v in items)
 
 
 def storable_text(text: str) -> str:
@@ -127,7 +127,7 @@ def storable_text(text: str) -> str:
 
 def storable(value: Any, depth: int = 0) -> Any:
     """``value`` (JSON-like) made storable; see the module docstring."""
-    if depth > MAX_DEPTH:
+    if isinstance(value, dict | list | tuple) and depth > MAX_DEPTH:
         return TOO_DEEP
     if isinstance(value, str):
         return storable_text(value)
