@@ -84,24 +84,23 @@ def _url_has_credentials(value: str) -> bool:
     return any(_is_credential(name) or name.lower() == "key" for name, _ in parse_qsl(url.query))
 
 
-def _paths(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """(dotted path, value) of every dict entry and list item, depth first."""
+def _entries(value: Any, path: str) -> Iterator[tuple[str, str, Any]]:
+    """(dotted path, key, value) of every dict entry and list item, depth first."""
     if isinstance(value, dict):
-        for key, item in value.items():
-            inner = f"{path}.{key}"
-            yield inner, item
-            yield from _paths(item, inner)
+        pairs: list[tuple[Any, Any]] = list(value.items())
     elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            inner = f"{path}.{index}"
-            yield inner, item
-            yield from _paths(item, inner)
+        pairs = list(enumerate(value))
+    else:
+        return
+    for key, item in pairs:
+        inner = f"{path}.{key}"
+        yield inner, str(key), item
+        yield from _entries(item, inner)
 
 
 def refuse_credentials(model_settings: dict[str, Any]) -> None:
     """Raise :class:`SecretInSettingsError` naming the first credential found."""
-    for path, value in _paths(model_settings, "model_settings"):
-        key = path.rsplit(".", 1)[-1]
+    for path, key, value in _entries(model_settings, "model_settings"):
         if _is_credential(key):
             raise SecretInSettingsError(path, "it is a credential")
         if isinstance(value, str) and _url_has_credentials(value):
