@@ -434,8 +434,8 @@ def _hostile_call(messages: list[dict[str, Any]]) -> Reply:
 
 
 def _say_results_raw(messages: list[dict[str, Any]]) -> Reply:
-    """Text that repeats the results verbatim, with a NUL of its own."""
-    return Reply.say("saw\x00: " + repr(tool_results(messages))[:5000])
+    """Text that repeats the results, with a NUL and a lone surrogate of its own."""
+    return Reply.say("saw\x00\ud800: " + repr(tool_results(messages))[:5000])
 
 
 register_script("sec-hostile-args", [_hostile_call, _say_results_raw] * 200)

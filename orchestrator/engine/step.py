@@ -41,6 +41,7 @@ from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import admit, estimate_tokens, record_output
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
+from orchestrator.store.values import storable_text
 from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, ToolCallBlock, TurnStatus
 from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
@@ -162,7 +163,7 @@ def run_step(
                 step=step,
                 correlation_id=correlation_id,
                 time=utcnow(),
-                data={"text": text},
+                data={"text": storable_text(text)},  # a lone surrogate has no JSON
             )
         )
 

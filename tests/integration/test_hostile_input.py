@@ -155,13 +155,13 @@ def test_the_input_cap_is_the_setting_and_can_be_raised(
 
 def test_nul_from_a_model_and_a_tool_is_stored_as_replacement(client: Client, workers: Any) -> None:
     # Given arguments carrying NUL, a lone surrogate and NaN, echoed back by
-    # the tool, and a final answer with a NUL of its own
+    # the tool, and a final answer with a NUL and a lone surrogate of its own
     arguments = '{"value": ["a\\u0000b", "\\ud800", NaN]}'
     job = client.submit("sec-hostile-args", arguments)
 
     # Then the turn completes, and what was stored has U+FFFD in their place
     answer = job.result(timeout=60)
-    assert answer.startswith("saw\ufffd: ")
+    assert answer.startswith("saw\ufffd\ufffd: ")
     [call] = tool_calls(client, job.id)
     assert call.params == {"value": ["a\ufffdb", "\ufffd", "NaN"]}
     assert (call.is_error, call.result) == (False, ["a\ufffdb", "\ufffd", "NaN"])
