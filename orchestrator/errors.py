@@ -7,6 +7,7 @@
     │   ├── UnknownAgentError     agent name not registered by the workers
     │   ├── UnknownToolError      tool name not registered by the workers
     │   ├── InvalidRequestError   payload failed validation (names the field)
+    │   │   └── SecretInSettingsError  a credential in an agent's model_settings
     │   ├── ConversationNotFound
     │   ├── ConversationBusyError a turn is running on that conversation
     │   └── ConfigurationError    settings missing or contradictory
@@ -18,6 +19,8 @@
 """
 
 from __future__ import annotations
+
+from pydantic import ValidationError
 
 
 class ChorusError(Exception):
@@ -52,6 +55,27 @@ class InvalidRequestError(UserError):
     def __init__(self, message: str, fields: list[str] | None = None) -> None:
         self.fields = fields or []
         super().__init__(message)
+
+
+class SecretInSettingsError(InvalidRequestError):
+    """An agent's ``model_settings`` carry a credential; ``fields`` holds its path."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            f"{path}: refused, {why}; model_settings may not carry credentials "
+            "(set provider keys in the worker's environment)",
+            [path],
+        )
+
+
+def invalid(exc: ValidationError, what: str) -> InvalidRequestError:
+    """A pydantic validation failure as an :class:`InvalidRequestError`
+    naming each offending field (``what``: the thing that was invalid)."""
+    fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
+    detail = "; ".join(
+        f"{field}: {e['msg']}" for field, e in zip(fields, exc.errors(), strict=True)
+    )
+    return InvalidRequestError(f"invalid {what}: {detail}", fields)
 
 
 class ConversationNotFound(UserError):

@@ -448,3 +448,56 @@ def ledger(entries: list[str], note: str = "") -> dict[str, Any]:
     """
     items = [{"n": i, "entry": e, "chars": len(e)} for i, e in enumerate(entries)]
     return {"stored": len(entries), "items": items, "note": note}
+
+
+# -- sec: tool authorization and hostile input ---------------------------------
+
+
+@tool
+def leave_mark(ctx: ToolContext) -> str:
+    """Write a file at context_data["mark"]: proof that the tool ran."""
+    with open(ctx.context_data["mark"], "a") as f:
+        f.write("ran\n")
+    return "marked"
+
+
+register_script(
+    "sec-intruder",
+    [
+        Reply.call(
+            call("weather", city="Lisbon"),
+            call("leave_mark"),
+            call("subagent__echo-child", task="sneak"),
+            call("final_answer", anything=1),
+            call("add", a=1, b=2),
+        ),
+        echo_results,
+    ],
+)
+Agent("sec-intruder", scripted_model("sec-intruder"), tools=[add])
+register_script("sec-marker", [Reply.call(call("leave_mark")), echo_results])
+Agent("sec-marker", scripted_model("sec-marker"), tools=[leave_mark])
+
+
+@tool
+def echo_back(value: Any = None) -> Any:
+    """Return its argument unchanged.
+
+    Args:
+        value: anything.
+    """
+    return value
+
+
+def _hostile_call(messages: list[dict[str, Any]]) -> Reply:
+    """Call echo_back with the user's message as the raw argument string."""
+    return Reply.call(ScriptedToolCall(tool="echo_back", params=_task(messages)))
+
+
+def _say_results_raw(messages: list[dict[str, Any]]) -> Reply:
+    """Text that repeats the results, with a NUL and a lone surrogate of its own."""
+    return Reply.say("saw\x00\ud800: " + repr(tool_results(messages))[:5000])
+
+
+register_script("sec-hostile-args", [_hostile_call, _say_results_raw] * 200)
+Agent("sec-hostile-args", scripted_model("sec-hostile-args"), tools=[echo_back])

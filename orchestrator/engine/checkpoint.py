@@ -20,7 +20,7 @@ from sqlmodel import Session, col
 from orchestrator.engine.actions import Action, Checkpoint
 from orchestrator.engine.budget import roll_up
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
-from orchestrator.errors import ConfigurationError, ConversationNotFound
+from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.llm.call import complete, warm
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
@@ -51,6 +51,19 @@ def checkpoint_strategy(name: str) -> Callable[[Strategy], Strategy]:
         return fn
 
     return register
+
+
+def strategy_of(agent: AgentSpec) -> Strategy:
+    """The agent's checkpoint strategy; raises
+    :class:`~orchestrator.errors.InvalidRequestError` if none is registered."""
+    try:
+        return _strategies[agent.checkpoint_strategy]
+    except KeyError:
+        raise InvalidRequestError(
+            f"agent {agent.name!r} names an unknown checkpoint strategy "
+            f"{agent.checkpoint_strategy!r}; registered: {sorted(_strategies)}",
+            ["checkpoint_strategy"],
+        ) from None
 
 
 def _render(message: Message) -> str:
@@ -148,13 +161,7 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         if conv is None or turn is None:
             raise ConversationNotFound(conversation_id)
         agent = AgentSpec.model_validate(conv.agent_spec)
-        try:
-            strategy = _strategies[agent.checkpoint_strategy]
-        except KeyError:
-            raise ConfigurationError(
-                f"unknown checkpoint strategy {agent.checkpoint_strategy!r}; "
-                f"registered: {sorted(_strategies)}"
-            ) from None
+        strategy = strategy_of(agent)
         previous = latest_checkpoint(session, conv.id)
         after = previous.boundary_message_id if previous else 0
         rows = load_rows(session, conv.id)

@@ -17,18 +17,16 @@ import logging
 from typing import Any
 
 from orchestrator.engine.actions import Action, Dequeue
-from orchestrator.engine.turns import start_turn
+from orchestrator.engine.turns import check_input, start_turn
 from orchestrator.errors import (
     ChorusError,
     ConversationBusyError,
     ConversationNotFound,
-    InvalidRequestError,
 )
 from orchestrator.keys import inbox
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, Turn
 from schemas import AgentSpec, ConversationState, EventName, JobRequest
-from schemas.jobs import MAX_INPUT_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +48,7 @@ def _record(rt: Runtime, conversation_id: str, name: EventName, **data: Any) -> 
 def send(rt: Runtime, conversation_id: str, text: str) -> tuple[str, list[Action]]:
     """Queue ``text`` for the conversation; returns the entry id and the
     dequeue to dispatch (which starts it at once if the conversation is idle)."""
-    if not text or len(text) > min(MAX_INPUT_CHARS, rt.settings.max_input_chars):
-        raise InvalidRequestError(
-            f"text: between 1 and {rt.settings.max_input_chars} characters required", ["text"]
-        )
+    check_input(rt.settings, text, "text")
     with rt.session() as session:
         if session.get(Conversation, conversation_id) is None:
             raise ConversationNotFound(conversation_id)

@@ -15,6 +15,7 @@ from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from orchestrator import registry
+from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, job_of, roll_up, tool_calls_left
 from orchestrator.engine.cancel import stop_tree
@@ -41,6 +42,7 @@ from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
+from orchestrator.store.values import storable_text
 from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, ToolCallBlock, TurnStatus
 from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
@@ -183,7 +185,7 @@ def _run_step(
                 step=step,
                 correlation_id=correlation_id,
                 time=utcnow(),
-                data={"text": text},
+                data={"text": storable_text(text)},  # a lone surrogate has no JSON
             )
         )
 
@@ -416,21 +418,24 @@ def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
     return tools
 
 
-def _segments(reply: ModelReply) -> list[tuple[int, bool, str]]:
+def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]:
     """(segment, parallelizable, queue) per call: a maximal run of
-    parallelizable calls shares a segment; each other call is its own."""
+    parallelizable calls shares a segment; each other call is its own. Only
+    the agent's own tools are looked up: any other call is refused."""
     out: list[tuple[int, bool, str]] = []
     segment, prev_parallel = -1, False
     for call in reply.tool_calls:
-        try:
-            spec = (
-                subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
-                if is_subagent_call(call.tool)
-                else registry.get_tool(call.tool).spec
-            )
-            parallel, queue = spec.parallelizable, spec.queue
-        except (UnknownToolError, UnknownAgentError):
-            parallel, queue = True, "tools"  # answered with an error result
+        parallel, queue = True, "tools"  # a call answered with an error result
+        if may_call(spec, call.tool):
+            try:
+                tool = (
+                    subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
+                    if is_subagent_call(call.tool)
+                    else registry.get_tool(call.tool).spec
+                )
+                parallel, queue = tool.parallelizable, tool.queue
+            except (UnknownToolError, UnknownAgentError):
+                pass
         if not (parallel and prev_parallel):
             segment += 1
         prev_parallel = parallel
@@ -519,7 +524,9 @@ def _persist_owned(
         runs = len(reply.tool_calls) if verdict == "tools" else 0
         roll_up(session, job.id, reply.usage, runs if left is None else min(runs, left))
         if verdict == "tools":
-            actions = _record_calls(session, outbox, conv, turn, step, reply, totals, errors, left)
+            actions = _record_calls(
+                session, outbox, conv, turn, spec, step, reply, totals, errors, left
+            )
         elif verdict == "nudge":
             actions = _nudge(session, conv, turn_id, step, totals)
         else:
@@ -631,6 +638,7 @@ def _record_calls(
     outbox: Outbox,
     conv: Conversation,
     turn: Turn,
+    spec: AgentSpec,
     step: int,
     reply: ModelReply,
     totals: dict[str, Any],
@@ -638,15 +646,16 @@ def _record_calls(
     left: int | None,
 ) -> list[Action] | None:
     """Store the tool calls, segment by segment, and return segment 0 to run.
-    A rejected final answer, or a call past the job's tool-call budget
-    (``left``), is stored with its error result and not run."""
+    A rejected final answer, a call to a tool the agent was not given, or a
+    call past the job's tool-call budget (``left``), is stored with its
+    error result and not run."""
     if not move_cursor(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
         return None
     tasks: list[ToolTask] = []
     for position, (call, (segment, parallel, queue)) in enumerate(
-        zip(reply.tool_calls, _segments(reply), strict=True)
+        zip(reply.tool_calls, _segments(spec, reply), strict=True)
     ):
         row = ToolCallRow(
             conversation_id=conv.id,
@@ -660,15 +669,15 @@ def _record_calls(
             parallelizable=parallel,
             queue=queue,
         )
-        refusal = None
+        refused = refusal(spec, call.tool)
         if call.tool == FINAL_ANSWER and errors is not None:
-            refusal = rejection(errors)
-        elif left is not None and position >= left:
-            refusal = f"Error: not run: {NO_MORE_TOOLS}"
-        rejected = refusal is not None
+            refused = rejection(errors)
+        elif refused is None and left is not None and position >= left:
+            refused = f"Error: not run: {NO_MORE_TOOLS}"
+        rejected = refused is not None
         if rejected:
             row.status, row.is_error, row.finished_at = "failed", True, utcnow()
-            row.result = refusal
+            row.result = refused
         session.add(row)
         outbox.record(
             EventName.SUBAGENT_REQUESTED

@@ -10,6 +10,7 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from orchestrator import registry
+from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
 from orchestrator.engine.subagents import is_subagent_call, start_child
 from orchestrator.errors import ChorusError, InvalidRequestError
@@ -17,8 +18,9 @@ from orchestrator.events import Outbox
 from orchestrator.logs import bind
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
+from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools import ToolContext
-from schemas import EventName, TurnStatus
+from schemas import AgentSpec, EventName, TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,8 @@ def _execute(call: ToolCallRow, ctx: ToolContext) -> tuple[Any, bool]:
     try:
         if INVALID_ARGUMENTS in call.params:
             raise InvalidRequestError(
-                f"invalid arguments for tool {call.tool!r}: not a JSON object: "
+                f"invalid arguments for tool {call.tool!r}: not a JSON object "
+                f"nested at most {MAX_DEPTH} levels deep: "
                 f"{str(call.params[INVALID_ARGUMENTS])[:500]}",
                 ["arguments"],
             )
@@ -76,6 +79,10 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
             step=call.step,
             tool=call.tool,
         )
+        refused = refusal(AgentSpec.model_validate(conv.agent_spec), call.tool)
+        if refused is not None:  # never run a tool the agent was not given
+            _refuse(session, outbox, call, turn, conv, refused)
+            return []
         call.status = "running"
         call.attempts += 1
         call.started_at = utcnow()
@@ -102,7 +109,7 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
 
     result, is_error = _execute(call, ctx)
     log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
-    result = _cap(result, rt.settings.max_tool_result_chars)
+    result = _cap(storable(result), rt.settings.max_tool_result_chars)
 
     with rt.transaction() as (session, outbox):
         if _record_result(session, call, result, is_error):
@@ -131,6 +138,21 @@ def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: b
         )
     )
     return bool(written.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def _refuse(
+    session: Session, outbox: Outbox, call: ToolCallRow, turn: Turn, conv: Conversation, error: str
+) -> None:
+    if _record_result(session, call, error, True):
+        outbox.record(
+            EventName.TOOL_FAILED,
+            conv,
+            turn,
+            tool=call.tool,
+            tool_request_id=call.tool_request_id,
+            result=error,
+            step=call.step,
+        )
 
 
 def _delegate(
