@@ -387,3 +387,56 @@ Agent(
     scripted_model("limited"),
     rate_limits=[RateLimit(key="tenant:{tenant}", requests=RATE, period=1.0)],
 )
+
+
+# -- tree: redelivered tool copies, stops racing steps, per-job fan-out, deadlines --
+
+register_script(
+    "redeliver",
+    [
+        Reply.call(call("add", a=1, b=2), call("timed", label="slow", seconds=4.0)),
+        echo_results,
+    ],
+)
+Agent("redeliver", scripted_model("redeliver"), tools=[add, timed])
+
+register_script(
+    "stoppable-child",
+    [lambda ms: Reply.call(call("timed", label=_task(ms), seconds=0.7)), echo_results],
+)
+Agent("stoppable-child", scripted_model("stoppable-child"), tools=[timed])
+register_script(
+    "stoppable-lead",
+    [
+        Reply.call(
+            call("timed", label="lead", seconds=1.5),
+            *(call("subagent__stoppable-child", task=f"c{i}") for i in range(4)),
+        ),
+        lambda ms: Reply.call(call("subagent__stoppable-child", task="again")),
+        echo_results,
+    ],
+)
+Agent(
+    "stoppable-lead",
+    scripted_model("stoppable-lead"),
+    tools=[timed],
+    subagents=["stoppable-child"],
+)
+
+
+def _spawn(messages: list[dict[str, Any]]) -> Reply:
+    """'spawn N': call N echo children, then report their results."""
+    if messages[-1]["role"] == "tool":
+        return Reply.say("children: " + json.dumps(tool_results(messages)))
+    count = int(str(messages[-1]["content"]).split()[-1])
+    return Reply.call(*(call("subagent__echo-child", task=f"k{i}") for i in range(count)))
+
+
+register_script("spawner", [_spawn] * 400)
+Agent("spawner", scripted_model("spawner"), subagents=["echo-child"])
+
+register_script(
+    "overtime",
+    [Reply.call(call("timed", label="long", seconds=20.0)), echo_results],
+)
+Agent("overtime", scripted_model("overtime"), tools=[timed])

@@ -70,4 +70,13 @@ class Checkpoint:
     conversation_id: str
 
 
-Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint
+@dataclass(frozen=True)
+class Deadline:
+    """Look at the job's wall-time budget after ``countdown`` seconds and
+    stop it if spent (task ``chorus.deadline``)."""
+
+    job_id: str
+    countdown: float
+
+
+Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint | Deadline

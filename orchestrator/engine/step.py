@@ -7,7 +7,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -17,7 +16,7 @@ from sqlmodel import Session, col, select
 from orchestrator import registry
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, job_of, roll_up, tool_calls_left
-from orchestrator.engine.cancel import stop_tree
+from orchestrator.engine.cancel import cancel_watch, stop_tree, stopping
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import model_context
@@ -33,7 +32,6 @@ from orchestrator.engine.output import (
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import Outbox
-from orchestrator.keys import cancelled
 from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
@@ -100,6 +98,9 @@ def run_step(
         turn = session.get(Turn, turn_id)
         assert turn is not None
         bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
+        if stopping(session, turn):
+            log.info("step %s of %s: the job is being stopped; leaving", step, turn_id)
+            return []
         spec = AgentSpec.model_validate(conv.agent_spec)
         if step >= spec.max_steps:
             ended = finish_turn(
@@ -114,7 +115,7 @@ def run_step(
         job = job_of(session, turn)
         over = exceeded(job)
         if over is not None:
-            outbox.record(EventName.BUDGET_EXCEEDED, conv, turn, step, reason=over, job_id=job.id)
+            _release_lease(session, conversation_id)
             job_id = job.id
         else:
             tools_allowed = tool_calls_left(job) != 0
@@ -144,7 +145,7 @@ def run_step(
         root_id = conv.root_id
         context_data = turn.context_data
     if over is not None:
-        revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over)
+        revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over, budget=True)
         return [*actions, Revoke(tuple(revoke))]
 
     tools = _offered_tools(spec) if tools_allowed else []
@@ -174,7 +175,7 @@ def run_step(
             tools or None,
             spec.model_settings,
             on_delta=on_delta,
-            should_stop=_cancel_watch(rt, correlation_id),
+            should_stop=cancel_watch(rt, correlation_id),
         )
     except ModelError as exc:
         return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
@@ -211,22 +212,6 @@ def _fit_context(
         return to_openai_messages(system, model_context(session, conversation_id, spec))
 
 
-def _cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Callable[[], bool]:
-    """True once the job is cancelled; asks Redis at most every ``every`` s."""
-    key = cancelled(rt.settings.redis_prefix, correlation_id)
-    last = 0.0
-
-    def should_stop() -> bool:
-        nonlocal last
-        now = time.monotonic()
-        if now - last < every:
-            return False
-        last = now
-        return bool(rt.redis.exists(key))
-
-    return should_stop
-
-
 class _LeaseRenewer:
     """Extends the step's lease while the model streams."""
 
@@ -252,7 +237,9 @@ class _LeaseRenewer:
 def _load_owned(
     session: Session, conversation_id: str, turn_id: str, step: int, owner: str
 ) -> tuple[Conversation, Turn] | None:
-    conv = session.get(Conversation, conversation_id)
+    # The conversation row first: the one lock order (conversation → tool
+    # calls → turns → job turn → event sequence) that a stop follows too.
+    conv = session.get(Conversation, conversation_id, with_for_update=True, populate_existing=True)
     if conv is None or not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
         return None
     turn = session.get(Turn, turn_id)

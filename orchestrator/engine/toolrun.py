@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import update
@@ -11,13 +12,14 @@ from sqlmodel import Session, col, select
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action
+from orchestrator.engine.cancel import cancel_watch, stopping
 from orchestrator.engine.subagents import is_subagent_call, start_child
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.logs import bind
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
-from orchestrator.tools import ToolContext
+from orchestrator.tools import STOP_POLL, ToolContext, ToolStopped
 from schemas import EventName, TurnStatus
 
 log = logging.getLogger(__name__)
@@ -27,7 +29,9 @@ log = logging.getLogger(__name__)
 INVALID_ARGUMENTS = "__invalid_arguments__"
 
 
-def _execute(call: ToolCallRow, ctx: ToolContext) -> tuple[Any, bool]:
+def _execute(
+    call: ToolCallRow, ctx: ToolContext, should_stop: Callable[[], bool]
+) -> tuple[Any, bool]:
     """(result, is_error). Every failure becomes an error result the model sees."""
     try:
         if INVALID_ARGUMENTS in call.params:
@@ -36,7 +40,7 @@ def _execute(call: ToolCallRow, ctx: ToolContext) -> tuple[Any, bool]:
                 f"{str(call.params[INVALID_ARGUMENTS])[:500]}",
                 ["arguments"],
             )
-        return registry.get_tool(call.tool).invoke(call.params, ctx), False
+        return registry.get_tool(call.tool).invoke(call.params, ctx, should_stop), False
     except ChorusError as exc:
         return f"Error: {exc}", True
     except Exception as exc:  # a bug in validation itself must not kill the worker
@@ -68,6 +72,12 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
         call, turn, conv = found
         if call.status in CALL_FINISHED or turn.status != TurnStatus.RUNNING.value:
             return []
+        if stopping(session, turn):
+            return []  # the stop records this call cancelled
+        claimed = _claim(session, call_id, task_id)
+        if claimed is None:
+            return []  # another copy finished it since the read above
+        call = claimed
         bind(
             conversation_id=conv.id,
             root_id=conv.root_id,
@@ -76,11 +86,6 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
             step=call.step,
             tool=call.tool,
         )
-        call.status = "running"
-        call.attempts += 1
-        call.started_at = utcnow()
-        call.task_id = task_id
-        session.add(call)
         if is_subagent_call(call.tool):
             return _delegate(rt, session, outbox, call, turn, conv)
         outbox.record(
@@ -100,7 +105,11 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
             context_data=dict(turn.context_data),
         )
 
-    result, is_error = _execute(call, ctx)
+    try:
+        result, is_error = _execute(call, ctx, cancel_watch(rt, turn.correlation_id, STOP_POLL))
+    except ToolStopped:
+        log.info("tool %s stopped: its job is being stopped", call.tool)
+        return []
     log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
     result = _cap(result, rt.settings.max_tool_result_chars)
 
@@ -116,6 +125,24 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
                 step=call.step,
             )
     return []
+
+
+def _claim(session: Session, call_id: str, task_id: str | None) -> ToolCallRow | None:
+    """Mark the call running, unless it has its result: a conditional update,
+    so a redelivered copy racing the copy that finishes it cannot turn a
+    finished call back into a running one (and record a second result)."""
+    return session.execute(
+        update(ToolCallRow)
+        .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(CALL_FINISHED))
+        .values(
+            status="running",
+            attempts=col(ToolCallRow.attempts) + 1,
+            started_at=utcnow(),
+            task_id=task_id,
+        )
+        .returning(ToolCallRow)
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
 
 
 def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: bool) -> bool:

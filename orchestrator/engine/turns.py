@@ -9,7 +9,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from orchestrator import registry
-from orchestrator.engine.actions import Action, RunStep
+from orchestrator.engine.actions import Action, Deadline, RunStep
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.errors import ConversationBusyError, InvalidRequestError
@@ -122,7 +122,10 @@ def start_turn(
             raise
         return found, []
     ref = TurnRef(turn.id, conv.id, conv.root_id)
-    return ref, [RunStep(conv.id, turn.id, 0)]
+    actions: list[Action] = [RunStep(conv.id, turn.id, 0)]
+    if budget is not None and budget.wall_seconds is not None:
+        actions.append(Deadline(turn.id, budget.wall_seconds))
+    return ref, actions
 
 
 def _claim_conversation(
