@@ -425,9 +425,10 @@ Agent(
 
 
 def _spawn(messages: list[dict[str, Any]]) -> Reply:
-    """'spawn N': call N echo children, then report their results."""
+    """'spawn N': call N echo children, then report this turn's results."""
     if messages[-1]["role"] == "tool":
-        return Reply.say("children: " + json.dumps(tool_results(messages)))
+        asked = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        return Reply.say("children: " + json.dumps(tool_results(messages[asked:])))
     count = int(str(messages[-1]["content"]).split()[-1])
     return Reply.call(*(call("subagent__echo-child", task=f"k{i}") for i in range(count)))
 
@@ -437,6 +438,6 @@ Agent("spawner", scripted_model("spawner"), subagents=["echo-child"])
 
 register_script(
     "overtime",
-    [Reply.call(call("timed", label="long", seconds=20.0)), echo_results],
+    [Reply.call(call("timed", label="long", seconds=30.0)), echo_results],
 )
 Agent("overtime", scripted_model("overtime"), tools=[timed])

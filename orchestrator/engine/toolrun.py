@@ -43,6 +43,8 @@ def _execute(
         return registry.get_tool(call.tool).invoke(call.params, ctx, should_stop), False
     except ChorusError as exc:
         return f"Error: {exc}", True
+    except ToolStopped:
+        raise  # the job is being stopped: no result at all
     except Exception as exc:  # a bug in validation itself must not kill the worker
         log.exception("tool %s failed unexpectedly", call.tool)
         return f"Error: {type(exc).__name__}: {exc}", True
