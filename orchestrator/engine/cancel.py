@@ -151,15 +151,14 @@ def resume_stop(rt: Runtime, job_id: str) -> tuple[list[str], list[Action]]:
 def _mark(rt: Runtime, job_id: str, status: TurnStatus, reason: str, budget: bool) -> Turn | None:
     """Mark the running job; returns it (with the mark that won) or None if it ended."""
     with rt.transaction() as (session, outbox):
-        job = session.get(Turn, job_id)
-        if job is None:
+        turn = session.get(Turn, job_id)
+        if turn is None:
             raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
-        if job.job_id not in (None, job.id):
-            raise InvalidRequestError(f"{job_id!r} is a subagent's turn, not a job", ["job_id"])
+        job = job_of(session, turn)  # a subagent's turn stops its whole job
         marked = session.execute(
             update(Turn)
             .where(
-                col(Turn.id) == job_id,
+                col(Turn.id) == job.id,
                 col(Turn.status) == TurnStatus.RUNNING.value,
                 col(Turn.stop_status).is_(None),
             )

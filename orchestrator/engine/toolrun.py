@@ -58,10 +58,13 @@ def _cap(result: Any, limit: int) -> Any:
 
 
 def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Action]:
-    """Run the call unless it already has a result (a redelivered copy) or
-    its turn has ended. The first result written wins; later copies' are
-    dropped, so each call has exactly one result. A subagent call starts
-    its child conversation instead and returns the child's first step."""
+    """Run the call unless it already has a result (a redelivered copy), its
+    turn has ended or its job is being stopped. The claim and the result are
+    conditional updates: a copy that finds the call finished leaves (and
+    returns like any other, so a chord still counts it), and each call has
+    exactly one result. A subagent call starts its child conversation
+    instead and returns the child's first step. A running tool whose job
+    is stopped leaves within ``STOP_POLL`` seconds, recording nothing."""
     with rt.transaction() as (session, outbox):
         found = session.exec(
             select(ToolCallRow, Turn, Conversation)
