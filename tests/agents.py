@@ -441,3 +441,21 @@ register_script(
     [Reply.call(call("timed", label="long", seconds=30.0)), echo_results],
 )
 Agent("overtime", scripted_model("overtime"), tools=[timed])
+
+register_script(
+    "swarm-lead",
+    [
+        Reply.call(
+            call("timed", label="lead", seconds=2.0),
+            *(call("subagent__echo-child", task=f"s{i}") for i in range(12)),
+        ),
+        Reply.call(*(call("subagent__stoppable-child", task=f"t{i}") for i in range(6))),
+        echo_results,
+    ],
+)
+Agent(
+    "swarm-lead",
+    scripted_model("swarm-lead"),
+    tools=[timed],
+    subagents=["echo-child", "stoppable-child"],
+)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import text, update
 from sqlmodel import col, select
 
 from orchestrator import Client, Job, JobFailedError
@@ -54,12 +55,13 @@ def _wait_busy(client: Client, job: Job) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("agent", ["stoppable-lead", "swarm-lead"])
 def test_cancels_at_random_moments_of_a_fan_out_all_end_cancelled(
-    client: Client, workers: Any
+    client: Client, workers: Any, agent: str
 ) -> None:
-    # Given five jobs, each fanning out to children that run tools and steps
+    # Given eight jobs, each fanning out to children that run tools and steps
     rng = random.Random(8)
-    jobs = [client.submit("stoppable-lead", f"run {i}") for i in range(5)]
+    jobs = [client.submit(agent, f"run {i}") for i in range(8)]
     failures: list[BaseException] = []
 
     def cancel_later(job: Job, delay: float) -> None:
@@ -71,7 +73,7 @@ def test_cancels_at_random_moments_of_a_fan_out_all_end_cancelled(
 
     # When each is cancelled at a random moment, concurrently with the others
     threads = [
-        threading.Thread(target=cancel_later, args=(job, rng.uniform(0.3, 2.0))) for job in jobs
+        threading.Thread(target=cancel_later, args=(job, rng.uniform(0.2, 2.0))) for job in jobs
     ]
     for t in threads:
         t.start()
@@ -88,6 +90,64 @@ def test_cancels_at_random_moments_of_a_fan_out_all_end_cancelled(
         assert names.count(EventName.TURN_CANCELLED) + names.count(
             EventName.TURN_COMPLETED
         ) == names.count(EventName.TURN_STARTED)
+
+
+def _lock_waiters(client: Client) -> int:
+    """Transactions waiting for a row lock (asked on a fresh connection:
+    pg_stat_activity is a snapshot per transaction)."""
+    with client.runtime.session() as s:
+        return int(
+            s.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            ).scalar_one()
+        )
+
+
+def _until(condition: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_cancel_meeting_steps_that_wait_on_the_job_turn_does_not_deadlock(
+    client: Client, workers: Any
+) -> None:
+    # Given children whose steps are storing their replies, held up on the job's
+    # turn (another step's usage roll-up holds it)
+    job = client.submit("stoppable-lead", "run")
+    _wait_busy(client, job)
+    with client.runtime.session() as other_step:
+        other_step.execute(
+            text("SELECT id FROM chorus_turn WHERE id = :id FOR UPDATE"), {"id": job.id}
+        )
+        _until(lambda: _lock_waiters(client) >= 1, "no step reached the job's turn")
+        waiting = _lock_waiters(client)
+
+        # When the job is cancelled meanwhile
+        failures: list[BaseException] = []
+
+        def cancel() -> None:
+            try:
+                job.cancel()
+            except BaseException as exc:  # any error at all fails the test
+                failures.append(exc)
+
+        canceller = threading.Thread(target=cancel)
+        canceller.start()
+        _until(lambda: _lock_waiters(client) > waiting, "the cancel never waited")
+        # (the roll-up commits now)
+    canceller.join(60)
+
+    # Then neither the cancel nor a step lost a deadlock: the job ends cancelled
+    assert failures == []
+    assert _ended(job, timeout=20).status is TurnStatus.CANCELLED
+    _assert_tree_at_rest(client, job)
+    log = Path(workers["llm"].log_path).read_text(errors="replace")
+    assert "deadlock detected" not in log
 
 
 def test_a_stop_whose_process_died_after_marking_is_finished_by_the_sweeper(
