@@ -114,7 +114,7 @@ def deadline(rt: Runtime, job_id: str) -> list[Action]:
     if left is None:
         return []
     if left > 0:
-        return [Deadline(job_id, left)]
+        return [Deadline(job_id, min(left, rt.settings.visibility_timeout / 2))]
     reason = exceeded(job) or "wall time budget exceeded"
     revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, reason, budget=True)
     return [*actions, Revoke(tuple(revoke))]

@@ -124,7 +124,10 @@ def start_turn(
     ref = TurnRef(turn.id, conv.id, conv.root_id)
     actions: list[Action] = [RunStep(conv.id, turn.id, 0)]
     if budget is not None and budget.wall_seconds is not None:
-        actions.append(Deadline(turn.id, budget.wall_seconds))
+        # A task held for longer than the visibility timeout is delivered
+        # again; a deadline further away is looked at once on the way.
+        wait = min(budget.wall_seconds, rt.settings.visibility_timeout / 2)
+        actions.append(Deadline(turn.id, wait))
     return ref, actions
 
 
