@@ -49,5 +49,6 @@ def test_every_job_of_a_conversation_may_start_up_to_the_cap(capped: Client) -> 
     # and one job asking for more than the cap gets the limit as an error result
     over = capped.submit("spawner", f"spawn {CAP + 1}", conversation_id=first.conversation_id)
     results = _children(over.result(timeout=60))
-    assert results[:CAP] == [f"done k{i}" for i in range(CAP)]
-    assert results[CAP].startswith(f"Error: subagent limit reached ({CAP} children in this job)")
+    refused = [r for r in results if r.startswith("Error: ")]
+    assert len(results) == CAP + 1 and len(refused) == 1  # whichever claim came last
+    assert refused[0] == f"Error: subagent limit reached ({CAP} children in this job)"
