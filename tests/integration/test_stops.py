@@ -12,9 +12,11 @@ import pytest
 from sqlalchemy import text, update
 from sqlmodel import col, select
 
-from orchestrator import Client, Job, JobFailedError
-from orchestrator.store.tables import Conversation, ToolCallRow, Turn
-from schemas import Budget, EventName, JobStatus, TurnStatus
+from orchestrator import Client, Job, JobFailedError, engine
+from orchestrator.dispatch import dispatch
+from orchestrator.engine.actions import Deadline
+from orchestrator.store.tables import Conversation, ToolCallRow, Turn, utcnow
+from schemas import Budget, EventName, JobRequest, JobStatus, TurnStatus
 from tests.conftest import WorkerProcess, tool_calls
 
 pytestmark = pytest.mark.integration
@@ -200,3 +202,36 @@ def test_a_wall_time_budget_cuts_a_running_tool(
     while not _stopped_tool_logged(workers["tools"]):
         assert time.monotonic() < deadline, "the running tool never observed the stop"
         time.sleep(0.2)
+
+
+def test_the_sweeper_stops_a_job_past_its_deadline_whose_deadline_task_was_lost(
+    client: Client, workers: Any
+) -> None:
+    # Given a job with a 3 s wall-time budget whose chorus.deadline task was lost
+    ref, actions = engine.start_turn(
+        client.runtime,
+        JobRequest(agent="overtime", input="wait", budget=Budget(wall_seconds=3)),
+    )
+    assert any(isinstance(a, Deadline) for a in actions)
+    dispatch(client.celery, [a for a in actions if not isinstance(a, Deadline)])
+    job = client.job(ref.job_id)
+    _until(lambda: [c.status for c in tool_calls(client, job.id)] == ["running"], "no tool ran")
+
+    # When the sweeper runs after the deadline
+    time.sleep(max(0.0, 3.5 - (time.monotonic() - _started(client, job))))
+    client.celery.send_task("chorus.sweep", queue="control").get(timeout=30)
+
+    # Then the job is stopped on its budget while its 30 s tool still runs
+    status = _ended(job, timeout=10)
+    assert status.status is TurnStatus.FAILED
+    assert status.error is not None and status.error.startswith("wall time budget exceeded")
+    assert [c.status for c in tool_calls(client, job.id)] == ["cancelled"]
+
+
+def _started(client: Client, job: Job) -> float:
+    """When the job's turn started, on this process's monotonic clock."""
+    with client.runtime.session() as s:
+        turn = s.get(Turn, job.id)
+        assert turn is not None
+        age = (utcnow() - turn.started_at).total_seconds()
+    return time.monotonic() - age
