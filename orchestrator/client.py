@@ -130,11 +130,16 @@ class Client:
     def cancel(self, job_id: str) -> None:
         """Cancel a job and every subagent under it; safe on a finished job.
 
-        In-flight model calls stop at their next streamed chunk, queued tool
-        tasks are revoked, unfinished tool calls are recorded cancelled, and
-        every conversation of the tree goes idle (``turn.cancelled``). A tool
-        function already running finishes in its worker; its result is
-        discarded.
+        The job is first marked stopping in Postgres (its steps, tool calls
+        and advances then leave), then in-flight model calls stop at their
+        next streamed chunk and running tool tasks within half a second (the
+        function itself runs out in a background thread; its result is
+        discarded), queued tool tasks are revoked, unfinished tool calls are
+        recorded cancelled, and every conversation of the tree goes idle
+        (``turn.cancelled``). If this process dies midway, the sweeper
+        finishes the stop. Raises
+        :class:`~orchestrator.errors.ServiceUnavailableError` if Postgres or
+        Redis keep failing.
         """
         revoke, actions = cancel(self.runtime, job_id)
         if revoke:

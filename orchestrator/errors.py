@@ -15,7 +15,9 @@
         ├── ModelError            the model API failed (status, body)
         ├── ModelBehaviorError    the model answered something unusable
         ├── ToolExecutionError    a tool raised or timed out
-        └── JobFailedError        ``Job.result()`` on a failed turn
+        ├── JobFailedError        ``Job.result()`` on a failed turn
+        └── ServiceUnavailableError  Postgres or Redis failed (or kept
+                                  deadlocking) after bounded retries
 """
 
 from __future__ import annotations
@@ -133,3 +135,9 @@ class JobFailedError(AgentRunError):
         self.status = status
         self.error = error
         super().__init__(f"job {job_id} {status}: {error or 'no detail'}")
+
+
+class ServiceUnavailableError(AgentRunError):
+    """Postgres or Redis failed, or a transaction kept losing to concurrent
+    ones, after bounded retries. The operation may be repeated; the cause
+    is chained as ``__cause__``."""

@@ -64,7 +64,7 @@ class Settings(BaseSettings):
         default=4, ge=0, description="Deepest subagent nesting below a root conversation."
     )
     max_children: int = Field(
-        default=2000, ge=0, description="Most subagent conversations under one root."
+        default=2000, ge=0, description="Most subagent conversations one job starts."
     )
     log_level: str = Field(default="INFO", description="Level of worker and CLI logs.")
     log_format: str = Field(

@@ -501,3 +501,75 @@ def _say_results_raw(messages: list[dict[str, Any]]) -> Reply:
 
 register_script("sec-hostile-args", [_hostile_call, _say_results_raw] * 200)
 Agent("sec-hostile-args", scripted_model("sec-hostile-args"), tools=[echo_back])
+
+
+# -- tree: redelivered tool copies, stops racing steps, per-job fan-out, deadlines --
+
+register_script(
+    "redeliver",
+    [
+        Reply.call(call("add", a=1, b=2), call("timed", label="slow", seconds=4.0)),
+        echo_results,
+    ],
+)
+Agent("redeliver", scripted_model("redeliver"), tools=[add, timed])
+
+register_script(
+    "stoppable-child",
+    [lambda ms: Reply.call(call("timed", label=_task(ms), seconds=0.7)), echo_results],
+)
+Agent("stoppable-child", scripted_model("stoppable-child"), tools=[timed])
+register_script(
+    "stoppable-lead",
+    [
+        Reply.call(
+            call("timed", label="lead", seconds=1.5),
+            *(call("subagent__stoppable-child", task=f"c{i}") for i in range(4)),
+        ),
+        lambda ms: Reply.call(call("subagent__stoppable-child", task="again")),
+        echo_results,
+    ],
+)
+Agent(
+    "stoppable-lead",
+    scripted_model("stoppable-lead"),
+    tools=[timed],
+    subagents=["stoppable-child"],
+)
+
+
+def _spawn(messages: list[dict[str, Any]]) -> Reply:
+    """'spawn N': call N echo children, then report this turn's results."""
+    if messages[-1]["role"] == "tool":
+        asked = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        return Reply.say("children: " + json.dumps(tool_results(messages[asked:])))
+    count = int(str(messages[-1]["content"]).split()[-1])
+    return Reply.call(*(call("subagent__echo-child", task=f"k{i}") for i in range(count)))
+
+
+register_script("spawner", [_spawn] * 400)
+Agent("spawner", scripted_model("spawner"), subagents=["echo-child"])
+
+register_script(
+    "overtime",
+    [Reply.call(call("timed", label="long", seconds=30.0)), echo_results],
+)
+Agent("overtime", scripted_model("overtime"), tools=[timed])
+
+register_script(
+    "swarm-lead",
+    [
+        Reply.call(
+            call("timed", label="lead", seconds=2.0),
+            *(call("subagent__echo-child", task=f"s{i}") for i in range(12)),
+        ),
+        Reply.call(*(call("subagent__stoppable-child", task=f"t{i}") for i in range(6))),
+        echo_results,
+    ],
+)
+Agent(
+    "swarm-lead",
+    scripted_model("swarm-lead"),
+    tools=[timed],
+    subagents=["echo-child", "stoppable-child"],
+)

@@ -53,7 +53,8 @@ def run_guarded(
 
 
 def register_tasks(app: Celery, rt: Runtime) -> None:
-    """Define ``chorus.step``, ``chorus.tool``, ``chorus.advance`` and ``chorus.sweep``.
+    """Define ``chorus.step``, ``chorus.tool``, ``chorus.advance``, ``chorus.dequeue``,
+    ``chorus.deadline``, ``chorus.checkpoint`` and ``chorus.sweep``.
 
     Each runs in a fresh log context, so its log lines carry the ids of the
     conversation and turn it serves.
@@ -103,6 +104,11 @@ def register_tasks(app: Celery, rt: Runtime) -> None:
     def dequeue(conversation_id: str) -> None:
         with log_context(conversation_id=conversation_id):
             dispatch(app, engine.dequeue(rt, conversation_id))
+
+    @app.task(name="chorus.deadline")
+    def deadline(job_id: str) -> None:
+        with log_context(turn_id=job_id):
+            dispatch(app, engine.deadline(rt, job_id))
 
     @app.task(name="chorus.checkpoint")
     def checkpoint(conversation_id: str) -> None:

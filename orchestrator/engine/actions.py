@@ -71,4 +71,13 @@ class Checkpoint:
     countdown: float = 0.0  # seconds to wait first (over a rate limit)
 
 
-Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint
+@dataclass(frozen=True)
+class Deadline:
+    """Look at the job's wall-time budget after ``countdown`` seconds and
+    stop it if spent (task ``chorus.deadline``)."""
+
+    job_id: str
+    countdown: float
+
+
+Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint | Deadline

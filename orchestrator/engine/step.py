@@ -7,7 +7,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +17,7 @@ from orchestrator import registry
 from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, job_of, roll_up, tool_calls_left
-from orchestrator.engine.cancel import stop_tree
+from orchestrator.engine.cancel import cancel_watch, stop_tree, stopping
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import model_context
@@ -35,7 +34,6 @@ from orchestrator.engine.output import (
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import Outbox
-from orchestrator.keys import cancelled
 from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai, warm
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
@@ -77,6 +75,34 @@ def _take_lease(rt: Runtime, session: Session, conv: Conversation, owner: str) -
         .values(lease_owner=owner, lease_until=now + timedelta(seconds=rt.settings.lease_seconds))
     )
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def _release_lease(session: Session, conversation_id: str) -> None:
+    session.execute(
+        update(Conversation)
+        .where(col(Conversation.id) == conversation_id)
+        .values(lease_owner=None, lease_until=None)
+    )
+
+
+def _no_call(
+    session: Session, outbox: Outbox, conv: Conversation, turn: Turn, spec: AgentSpec, step: int
+) -> list[Action] | None:
+    """Why this step makes no model call (what to run instead), or None."""
+    if stopping(session, turn):
+        log.info("step %s of %s: the job is being stopped; leaving", step, turn.id)
+        return []
+    if step >= spec.max_steps:
+        ended = finish_turn(
+            session,
+            outbox,
+            conv,
+            turn,
+            TurnStatus.FAILED,
+            error=f"no final answer within max_steps={spec.max_steps}",
+        )
+        return ended or []
+    return None
 
 
 def _defer(session: Session, conv: Conversation, countdown: float) -> RunStep:
@@ -142,20 +168,13 @@ def _run_step(
         assert turn is not None
         bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
         spec = AgentSpec.model_validate(conv.agent_spec)
-        if step >= spec.max_steps:
-            ended = finish_turn(
-                session,
-                outbox,
-                conv,
-                turn,
-                TurnStatus.FAILED,
-                error=f"no final answer within max_steps={spec.max_steps}",
-            )
-            return ended or []
+        refused = _no_call(session, outbox, conv, turn, spec, step)
+        if refused is not None:
+            return refused
         job = job_of(session, turn)
         over = exceeded(job)
         if over is not None:
-            outbox.record(EventName.BUDGET_EXCEEDED, conv, turn, step, reason=over, job_id=job.id)
+            _release_lease(session, conversation_id)
             job_id = job.id
         else:
             tools_allowed = tool_calls_left(job) != 0
@@ -172,7 +191,7 @@ def _run_step(
         root_id = conv.root_id
         context_data = turn.context_data
     if over is not None:
-        revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over)
+        revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over, budget=True)
         return [*actions, Revoke(tuple(revoke))]
 
     def on_delta(text: str) -> None:
@@ -207,7 +226,7 @@ def _run_step(
                 tools or None,
                 spec.model_settings,
                 on_delta=on_delta,
-                should_stop=_cancel_watch(rt, correlation_id),
+                should_stop=cancel_watch(rt, correlation_id),
             )
     except ModelError as exc:
         return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
@@ -317,26 +336,12 @@ def _fit_context(
     return messages, None
 
 
-def _cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Callable[[], bool]:
-    """True once the job is cancelled; asks Redis at most every ``every`` s."""
-    key = cancelled(rt.settings.redis_prefix, correlation_id)
-    last = 0.0
-
-    def should_stop() -> bool:
-        nonlocal last
-        now = time.monotonic()
-        if now - last < every:
-            return False
-        last = now
-        return bool(rt.redis.exists(key))
-
-    return should_stop
-
-
 def _load_owned(
     session: Session, conversation_id: str, turn_id: str, step: int, owner: str
 ) -> tuple[Conversation, Turn] | None:
-    conv = session.get(Conversation, conversation_id)
+    # The conversation row first: the one lock order (conversation → tool
+    # calls → turns → job turn → event sequence) that a stop follows too.
+    conv = session.get(Conversation, conversation_id, with_for_update=True, populate_existing=True)
     if conv is None or not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
         return None
     turn = session.get(Turn, turn_id)

@@ -10,7 +10,7 @@ from sqlmodel import Session, select
 
 from orchestrator import registry
 from orchestrator.context import transformer
-from orchestrator.engine.actions import Action, RunStep
+from orchestrator.engine.actions import Action, Deadline, RunStep
 from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
@@ -161,7 +161,13 @@ def start_turn(
             raise
         return found, []
     ref = TurnRef(turn.id, conv.id, conv.root_id)
-    return ref, [RunStep(conv.id, turn.id, 0)]
+    actions: list[Action] = [RunStep(conv.id, turn.id, 0)]
+    if budget is not None and budget.wall_seconds is not None:
+        # A task held for longer than the visibility timeout is delivered
+        # again; a deadline further away is looked at once on the way.
+        wait = min(budget.wall_seconds, rt.settings.visibility_timeout / 2)
+        actions.append(Deadline(turn.id, wait))
+    return ref, actions
 
 
 def _claim_conversation(
