@@ -413,3 +413,7 @@ Agent("waited", scripted_model("waited"), tools=[timed])
 VERBATIM = "[bold]not bold[/bold] a tag [/] and [link]x[/link] " + "long-line " * 20 + "end"
 register_script("verbatim", [Reply.say(VERBATIM)] * 50)
 Agent("verbatim", scripted_model("verbatim"))
+
+# -- client: the README's tools and agents (tests/readme.py) -----------------
+
+import tests.readme  # noqa: E402,F401
