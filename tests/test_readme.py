@@ -200,3 +200,13 @@ def test_the_first_command_runs_the_demo(tmp_path: Path) -> None:
     out = _run_bash(part.replace(".venv/bin/chorus", "chorus"), env, timeout=170)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "completed job" in " ".join(out.stdout.split())
+
+
+def test_the_architecture_document_is_in_the_repository_and_complete() -> None:
+    from schemas import EventName
+
+    text = (ROOT / "README.md").read_text()
+    assert "(docs/architecture.md)" in text and "../shared" not in text
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for name in EventName:
+        assert f"| `{name.value}` |" in doc, f"docs/architecture.md lacks {name.value}"
