@@ -291,10 +291,11 @@ def _is_end(job: Job, event: Event) -> bool:
     )
 
 
-#: Quiet seconds before a waiter re-reads Postgres anyway (a lost publish
-#: costs at most this delay); grows while nothing happens, up to the maximum.
+#: Quiet seconds before a waiter re-reads Postgres anyway (a publish lost
+#: between commit and Redis costs at most this delay); doubles while nothing
+#: happens, up to the maximum, so a thousand idle waiters stay cheap.
 QUIET_POLL = 1.0
-QUIET_POLL_MAX = 5.0
+QUIET_POLL_MAX = 10.0
 
 
 class _Waiter:
@@ -320,7 +321,7 @@ class _Waiter:
         caller then reads Postgres; the next quiet period is longer)."""
         entries = subscription.wait(self.remaining())
         if not entries:
-            self.poll = min(QUIET_POLL_MAX, self.poll * 1.5)
+            self.poll = min(QUIET_POLL_MAX, self.poll * 2)
             return None
         self.poll = QUIET_POLL
         return [Event.model_validate_json(fields["e"]) for _, fields in entries]
@@ -358,13 +359,14 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
         stale = True
         while True:
             if stale:
-                for event in _stored(job, correlation_id, last):
+                stored = _stored(job, correlation_id, last)
+                for event in stored:
                     last = event.seq or last
                     yield event
                     if _is_end(job, event):
                         return
-                if job.status().status.finished:
-                    # Its end was stored before this read, or is stored now.
+                if not stored and job.status().status.finished:
+                    # Its end is at or before ``since``, or was stored just now.
                     yield from _stored(job, correlation_id, last)
                     return
             events = waiter.wait(subscription)
