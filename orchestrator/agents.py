@@ -10,7 +10,20 @@ from orchestrator import registry
 from orchestrator.errors import invalid
 from orchestrator.specs import check_spec
 from orchestrator.tools import Tool
-from schemas import AgentSpec, Budget, RateLimit
+from schemas import AgentSpec, Budget, RateLimit, RetryPolicy
+
+#: ``AgentSpec`` fields that ``Agent`` takes under another name (``output``
+#: also accepts a pydantic model, turned into the spec's JSON schema).
+RENAMED_FIELDS = {"output_schema": "output"}
+
+
+def _default(field: str) -> Any:
+    """The spec's own default, so ``Agent`` and ``AgentSpec`` cannot disagree."""
+    return AgentSpec.model_fields[field].get_default(call_default_factory=True)
+
+
+_RETRY: RetryPolicy = _default("retry")
+_CONTEXT: tuple[str, ...] = _default("context")
 
 
 def Agent(
@@ -20,13 +33,21 @@ def Agent(
     tools: list[Tool | str] | tuple[Tool | str, ...] = (),
     *,
     subagents: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
-    max_steps: int = 25,
+    max_steps: int = _default("max_steps"),
+    retry: RetryPolicy = _RETRY,
     rate_limits: list[RateLimit] | tuple[RateLimit, ...] = (),
     budget: Budget | None = None,
     output: type[BaseModel] | dict[str, Any] | None = None,
+    output_retries: int = _default("output_retries"),
+    context: list[str] | tuple[str, ...] = _CONTEXT,
+    context_tokens: int | None = None,
+    checkpoint_strategy: str = _default("checkpoint_strategy"),
     model_settings: dict[str, Any] | None = None,
 ) -> AgentSpec:
     """Declare an agent and register it, so jobs can name it.
+
+    Every field of :class:`~schemas.AgentSpec` is an argument here
+    (``output_schema`` is ``output``).
 
     Args:
         name: the name jobs use (letters, digits, ``_`` and ``-``).
@@ -35,12 +56,20 @@ def Agent(
         tools: tools (``@tool`` objects or registered names) the model may call.
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
-        max_steps: model calls allowed in one turn before it fails.
+        max_steps: model calls allowed in one turn before it fails (default 100).
+        retry: backoff of model calls failing with a retryable error (the
+            default rides out about five minutes of provider trouble).
         rate_limits: limits on model calls shared by every worker.
         budget: the default budget of jobs on this agent (over their tree).
         output: a pydantic model or JSON schema of a structured final answer:
             the model gets a ``final_answer`` tool taking it, and the job's
             ``status().structured`` carries the validated object.
+        output_retries: invalid structured answers the model may correct
+            before the turn fails.
+        context: names of registered context transformers shaping what the
+            model sees, applied in order.
+        context_tokens: take a checkpoint before a prompt would pass this many tokens.
+        checkpoint_strategy: the registered checkpoint strategy (its prompt).
         model_settings: extra litellm arguments (``temperature``, ``api_base``);
             never secrets, which litellm reads from the worker's environment.
     """
@@ -52,9 +81,14 @@ def Agent(
             tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
             subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
             max_steps=max_steps,
+            retry=retry,
             rate_limits=tuple(rate_limits),
             budget=budget,
             output_schema=output.model_json_schema() if isinstance(output, type) else output,
+            output_retries=output_retries,
+            context=tuple(context),
+            context_tokens=context_tokens,
+            checkpoint_strategy=checkpoint_strategy,
             model_settings=model_settings or {},
         )
     except ValidationError as exc:

@@ -3,21 +3,33 @@ commands, so ``chorus --help`` stays fast."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
+
+from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
-    from orchestrator.client import Job
+    from orchestrator.client import Client, Job
     from orchestrator.settings import Settings
 
 app = typer.Typer(help="Chorus: durable LLM agent runs on Celery.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-console = Console()
+# Never wrap (piped output keeps its lines) and never read markup or
+# highlight in what is printed: model text is shown verbatim. Styles are
+# given as Text spans, not markup.
+console = Console(soft_wrap=True, highlight=False, markup=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
+
+#: Exit status of a user mistake (unknown agent, bad JSON, missing job, ...).
+USAGE_ERROR = 2
 
 #: The example ``chorus local`` runs when given no agent.
 EXAMPLE_MODULE = "examples.parallel_tools"
@@ -31,6 +43,16 @@ def _settings(**overrides: object) -> Settings:
     if os.getcwd() not in sys.path:  # modules named in CHORUS_MODULES, like celery -A
         sys.path.insert(0, os.getcwd())
     return load_settings(**overrides)
+
+
+def _client(settings: Settings | None = None) -> Client:
+    """A client; whatever the modules in CHORUS_MODULES print while they are
+    imported (litellm prints notices) goes to stderr, so stdout carries only
+    the command's output (``chorus events`` stays JSON Lines)."""
+    from orchestrator.client import Client
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return Client(settings or _settings())
 
 
 def _default_pool(queues: list[str]) -> tuple[str, int]:
@@ -106,7 +128,7 @@ def ping(
     finally:
         celery.close()
     if not replies:
-        console.print(f"[red]no reply from {node} within {timeout:g}s[/]")
+        errors.print(f"no reply from {node} within {timeout:g}s", style="red")
         raise typer.Exit(1)
     console.print(f"{node}: pong")
 
@@ -150,7 +172,7 @@ def _follow(job: Job) -> None:
     streaming = False
     for event in job.events():
         if event.name is EventName.ASSISTANT_DELTA:
-            console.print(event.data.get("text", ""), end="", style="dim", highlight=False)
+            console.print(event.data.get("text", ""), end="", style="dim")
             streaming = True
             continue
         if streaming:
@@ -160,25 +182,50 @@ def _follow(job: Job) -> None:
             k: v for k, v in event.data.items() if k in ("tool", "status", "error", "seconds")
         }
         console.print(
-            f"[cyan]{event.seq:>4}[/] {event.time:%H:%M:%S.%f}"[:-3]
-            + f" [bold]{event.name.value:<18}[/] step={event.step} {detail or ''}",
-            highlight=False,
+            Text.assemble(
+                (f"{event.seq:>4}", "cyan"),
+                f" {event.time:%H:%M:%S.%f}"[:-3] + " ",
+                (f"{event.name.value:<18}", "bold"),
+                f" step={event.step} {detail or ''}",
+            )
         )
 
 
-def _report(job: Job) -> None:
+def _report(job: Job) -> bool:
+    """Print the job's outcome; True when it completed."""
     status = job.status()
-    colour = "green" if status.status.value == "completed" else "red"
-    console.print(f"\n[{colour}]{status.status.value}[/] job {job.id} after {status.step} steps")
+    completed = status.status.value == "completed"
+    console.print()
+    console.print(
+        Text.assemble(
+            (status.status.value, "green" if completed else "red"),
+            f" job {job.id} after {status.step} steps",
+        )
+    )
     for label, usage in (("turn", status.usage), ("tree", status.tree_usage)):
         console.print(
             f"{label} usage: {usage.input_tokens} in + {usage.output_tokens} out tokens, "
             f"{usage.cost_usd:.6f} USD"
         )
     if status.output:
-        console.print(f"[bold]answer:[/] {status.output}")
+        console.print(Text.assemble(("answer:", "bold"), " ", status.output))
     if status.error:
-        console.print(f"[red]error:[/] {status.error}")
+        console.print(Text.assemble(("error:", "red"), " ", status.error))
+    return completed
+
+
+def _context_data(value: str | None) -> dict[str, Any] | None:
+    from orchestrator.errors import InvalidRequestError
+
+    if value is None:
+        return None
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        raise InvalidRequestError(f"--context-data is not JSON: {exc}", ["context_data"]) from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("--context-data must be a JSON object", ["context_data"])
+    return data
 
 
 @app.command()
@@ -188,24 +235,32 @@ def submit(
     follow: Annotated[bool, typer.Option("--follow/--no-follow", help="Stream events.")] = False,
     conversation: Annotated[str | None, typer.Option("--conversation", help="Continue it.")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+    context_data: Annotated[
+        str | None, typer.Option("--context-data", help="The job's context_data, a JSON object.")
+    ] = None,
 ) -> None:
-    """Submit a job to the fleet; with --follow, stream its events and answer."""
-    from orchestrator.client import Client
-
-    client = Client(_settings())
-    job = client.submit(agent, text, conversation_id=conversation, idempotency_key=idempotency_key)
+    """Submit a job to the fleet; with --follow, stream its events and answer
+    (exit status 1 when the job does not complete)."""
+    data = _context_data(context_data)
+    client = _client()
+    job = client.submit(
+        agent,
+        text,
+        conversation_id=conversation,
+        idempotency_key=idempotency_key,
+        context_data=data,
+    )
     console.print(f"job {job.id} conversation {job.conversation_id}")
     if follow:
         _follow(job)
-        _report(job)
+        if not _report(job):
+            raise typer.Exit(1)
 
 
 @app.command()
 def status(job_id: str) -> None:
     """Print a job's status, usage and answer."""
-    from orchestrator.client import Client
-
-    _report(Client(_settings()).job(job_id))
+    _report(_client().job(job_id))
 
 
 @app.command()
@@ -213,20 +268,18 @@ def events(
     job_id: str,
     since: Annotated[int, typer.Option(help="Resume after this sequence number.")] = 0,
 ) -> None:
-    """Print a job's events (stored, then live until the turn ends)."""
-    from orchestrator.client import Client
-
-    job = Client(_settings()).job(job_id)
+    """Print a job's events as JSON Lines, one object a line (stored, then
+    live until the turn ends)."""
+    job = _client().job(job_id)
     for event in job.events(since=since, deltas=False):
-        console.print_json(event.model_dump_json())
+        sys.stdout.write(event.model_dump_json() + "\n")
+        sys.stdout.flush()
 
 
 @app.command("cancel")
 def cancel_job(job_id: str) -> None:
     """Cancel a job and every subagent under it (safe on a finished job)."""
-    from orchestrator.client import Client
-
-    client = Client(_settings())
+    client = _client()
     client.cancel(job_id)
     _report(client.job(job_id))
 
@@ -234,9 +287,7 @@ def cancel_job(job_id: str) -> None:
 @app.command()
 def send(conversation: str, text: str) -> None:
     """Send a message to a conversation: runs now if idle, else queued."""
-    from orchestrator.client import Client
-
-    client = Client(_settings())
+    client = _client()
     entry = client.send(conversation, text)
     job = client.job_for_message(conversation, entry)
     console.print(f"message {entry}: " + (f"job {job.id}" if job else "queued"))
@@ -255,30 +306,34 @@ def local(
     Starts the bundled redis-server, a SQLite file and an in-process worker,
     then runs the example trip-planning agent (or AGENT) and follows it.
     """
-    from orchestrator.client import Client
     from orchestrator.local import local_stack
 
     settings = _settings()
     modules = module or settings.modules or [EXAMPLE_MODULE]
     settings = settings.model_copy(update={"modules": modules})
     with local_stack(settings) as running:
-        console.print(f"[dim]redis: {running.redis_url} (embedded: {settings.embedded})[/]")
-        console.print(f"[dim]state: {_where(running.db_url)}[/]")
-        client = Client(running)
+        console.print(f"redis: {running.redis_url} (embedded: {settings.embedded})", style="dim")
+        console.print(f"state: {_where(running.db_url)}", style="dim")
+        client = _client(running)
         job = client.submit(agent, text)
         console.print(f"job {job.id} conversation {job.conversation_id}")
         _follow(job)
         _report(job)
         client.close()
-        console.print(
-            f"[dim]inspect it: sqlite3 {running.db_url.removeprefix('sqlite:///')}[/]"
-            if running.db_url.startswith("sqlite")
-            else ""
-        )
+        if running.db_url.startswith("sqlite"):
+            console.print(
+                f"inspect it: sqlite3 {running.db_url.removeprefix('sqlite:///')}", style="dim"
+            )
 
 
 def main() -> None:
-    app()
+    """The ``chorus`` entry point: a user mistake is one line on stderr and
+    exit status 2, never a traceback."""
+    try:
+        app()
+    except UserError as exc:
+        errors.print(f"chorus: {exc}")
+        sys.exit(USAGE_ERROR)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import cached_property
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,13 +18,20 @@ from orchestrator.engine.actions import Checkpoint as CheckpointAction
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
 from orchestrator.engine.turns import TurnRef, start_turn
-from orchestrator.errors import ConversationNotFound, InvalidRequestError, JobFailedError, invalid
+from orchestrator.errors import (
+    ConfigurationError,
+    ConversationNotFound,
+    InvalidRequestError,
+    JobFailedError,
+    invalid,
+)
 from orchestrator.events import row_to_event
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.tables import Conversation, EventRow, Turn
 from orchestrator.store.values import check, problem
+from orchestrator.streams import StreamReader, Subscription
 from schemas import (
     TERMINAL_TURN_EVENTS,
     AgentSpec,
@@ -60,6 +68,15 @@ class Client:
         registry.load_modules(self.settings.modules)
         self.runtime = Runtime(self.settings)
         self.celery = make_celery(self.settings, main="chorus-client")
+
+    @cached_property
+    def streams(self) -> StreamReader:
+        """The one reader of live event streams shared by this client's waiters."""
+        if self.settings.redis_url is None:
+            raise ConfigurationError(
+                "CHORUS_REDIS_URL is not set; run `chorus local` for the embedded default"
+            )
+        return StreamReader(self.settings.redis_url)
 
     def submit(
         self,
@@ -186,6 +203,8 @@ class Client:
             return load_history(session, conversation_id)
 
     def close(self) -> None:
+        if "streams" in self.__dict__:
+            self.streams.close()
         self.celery.close()
 
 
@@ -278,65 +297,87 @@ def _is_end(job: Job, event: Event) -> bool:
     )
 
 
-def _stream_tail(rt: Runtime, stream: str) -> str:
-    tail: Any = rt.redis.xrevrange(stream, count=1)
-    return str(tail[0][0]) if tail else "0-0"
+#: Quiet seconds before a waiter re-reads Postgres anyway (a publish lost
+#: between commit and Redis costs at most this delay); doubles while nothing
+#: happens, up to the maximum, so a thousand idle waiters stay cheap.
+QUIET_POLL = 1.0
+QUIET_POLL_MAX = 10.0
+
+
+class _Waiter:
+    """The shared stream reader's wake-ups for one job, with its deadline."""
+
+    def __init__(self, job: Job, timeout: float | None) -> None:
+        self.job = job
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.poll = QUIET_POLL
+
+    def remaining(self) -> float:
+        """Seconds left (unbounded: a quiet poll); raises TimeoutError when spent."""
+        if self.deadline is None:
+            return self.poll
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"job {self.job.id} did not finish within {self.timeout}s")
+        return min(self.poll, left)
+
+    def wait(self, subscription: Subscription) -> list[Event] | None:
+        """Live events of the job's tree, or None after a quiet period (the
+        caller then reads Postgres; the next quiet period is longer)."""
+        entries = subscription.wait(self.remaining())
+        if not entries:
+            self.poll = min(QUIET_POLL_MAX, self.poll * 2)
+            return None
+        self.poll = QUIET_POLL
+        return [Event.model_validate_json(fields["e"]) for _, fields in entries]
 
 
 def _wait_end(job: Job, timeout: float | None) -> JobStatus:
-    """Wait for the turn's terminal event on the stream, reading Postgres
-    once a quiet second (and at the end), not once an event."""
-    rt = job._client.runtime
-    deadline = None if timeout is None else time.monotonic() + timeout
-    stream = events_stream(rt.settings.redis_prefix, job.root_id)
-    cursor = _stream_tail(rt, stream)
-    while True:
-        status = job.status()
-        if status.status.finished:
-            return status
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            raise TimeoutError(f"job {job.id} did not finish within {timeout}s")
-        block = 1000 if remaining is None else max(1, int(min(1.0, remaining) * 1000))
+    """Wait for the turn to end: the shared reader wakes this waiter on the
+    turn's terminal event; Postgres is read then and after quiet periods."""
+    waiter = _Waiter(job, timeout)
+    with job._client.streams.subscribe(_stream(job)) as subscription:
         while True:
-            reply: Any = rt.redis.xread({stream: cursor}, count=500, block=block)
-            if not reply:
-                break
-            entries = reply[0][1]
-            cursor = entries[-1][0]
-            if any(job.id in f["e"] and '"turn.' in f["e"] for _, f in entries):
-                break
+            status = job.status()
+            if status.status.finished:
+                return status
+            while True:
+                events = waiter.wait(subscription)
+                if events is None or any(_is_end(job, e) for e in events):
+                    break
 
 
 def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterator[Event]:
     """Postgres is read for every stored event, so order and completeness
-    never depend on Redis; the stream wakes the follower and carries deltas."""
-    rt = job._client.runtime
-    with rt.session() as session:
+    never depend on Redis; the stream wakes the follower and carries deltas.
+
+    Ends with the turn's terminal event, or, when that event is at or
+    before ``since`` (a follower resuming a finished turn), as soon as
+    Postgres shows the turn finished.
+    """
+    with job._client.runtime.session() as session:
         turn = session.get(Turn, job.id)
         assert turn is not None
         correlation_id = turn.correlation_id
-    deadline = None if timeout is None else time.monotonic() + timeout
-    stream = events_stream(rt.settings.redis_prefix, job.root_id)
-    cursor = _stream_tail(rt, stream)
-    stale = True
-    while True:
-        if stale:
-            for event in _stored(job, correlation_id, last):
-                last = event.seq or last
-                yield event
-                if _is_end(job, event):
+    waiter = _Waiter(job, timeout)
+    with job._client.streams.subscribe(_stream(job)) as subscription:
+        stale = True
+        while True:
+            if stale:
+                stored = _stored(job, correlation_id, last)
+                for event in stored:
+                    last = event.seq or last
+                    yield event
+                    if _is_end(job, event):
+                        return
+                if not stored and job.status().status.finished:
+                    # Its end is at or before ``since``, or was stored just now.
+                    yield from _stored(job, correlation_id, last)
                     return
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            raise TimeoutError(f"job {job.id} did not finish within {timeout}s")
-        block = 1000 if remaining is None else max(1, int(min(1.0, remaining) * 1000))
-        reply: Any = rt.redis.xread({stream: cursor}, count=500, block=block)
-        stale = not reply  # on a quiet second, look in Postgres anyway
-        for _key, entries in reply or []:
-            for entry_id, fields in entries:
-                cursor = entry_id
-                event = Event.model_validate_json(fields["e"])
+            events = waiter.wait(subscription)
+            stale = events is None  # on a quiet period, look in Postgres anyway
+            for event in events or []:
                 if event.correlation_id != correlation_id:
                     continue
                 if event.seq is None:
@@ -344,3 +385,7 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
                         yield event
                 elif event.seq > last:
                     stale = True
+
+
+def _stream(job: Job) -> str:
+    return events_stream(job._client.runtime.settings.redis_prefix, job.root_id)

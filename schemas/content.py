@@ -1,4 +1,4 @@
-"""The content model: messages made of typed content blocks (DESIGN §3).
+"""The content model: messages made of typed content blocks (docs/architecture.md).
 
 Every block is a frozen pydantic model discriminated on ``type``; a message
 is a role plus a list of blocks. These are the only shapes that cross a

@@ -1,4 +1,4 @@
-"""The event envelope and the one vocabulary of event names (DESIGN §8)."""
+"""The event envelope and the one vocabulary of event names (docs/architecture.md)."""
 
 from __future__ import annotations
 

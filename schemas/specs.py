@@ -11,6 +11,10 @@ from schemas.content import Frozen
 #: Provider tool-name rule shared by OpenAI, Anthropic and Gemini.
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
+#: Model calls allowed in one turn unless the agent says otherwise: real
+#: tool-heavy trajectories take dozens (an airline support turn took 27).
+DEFAULT_MAX_STEPS = 100
+
 #: A subagent template ``X`` is offered to the model as the tool ``subagent__X``.
 SUBAGENT_PREFIX = "subagent__"
 
@@ -28,10 +32,15 @@ class ToolSpec(Frozen):
 
 class RetryPolicy(Frozen):
     """Retries of a model call that failed with a retryable error (rate
-    limit, timeout, connection, 5xx): exponential backoff with jitter."""
+    limit, timeout, connection, 5xx): exponential backoff with jitter.
 
-    max_attempts: int = Field(default=4, ge=1, le=50)
-    initial_delay: float = Field(default=1.0, ge=0)
+    The defaults ride out about five minutes of provider trouble: ten
+    attempts, waiting 2, 4, 8, 16, 32 s and then 60 s (the cap) between
+    them, about 302 s in all before jitter.
+    """
+
+    max_attempts: int = Field(default=10, ge=1, le=50)
+    initial_delay: float = Field(default=2.0, ge=0)
     factor: float = Field(default=2.0, ge=1)
     max_delay: float = Field(default=60.0, ge=0)
     jitter: float = Field(default=0.2, ge=0, le=1, description="± fraction of each delay")
@@ -82,7 +91,9 @@ class AgentSpec(Frozen):
     system: str = ""
     tools: tuple[str, ...] = ()
     subagents: tuple[str, ...] = ()
-    max_steps: int = Field(default=25, ge=1, le=1000)
+    max_steps: int = Field(
+        default=DEFAULT_MAX_STEPS, ge=1, le=1000, description="Model calls allowed in one turn"
+    )
     retry: RetryPolicy = RetryPolicy()
     rate_limits: tuple[RateLimit, ...] = ()
     budget: Budget | None = Field(

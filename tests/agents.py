@@ -573,3 +573,33 @@ Agent(
     tools=[timed],
     subagents=["echo-child", "stoppable-child"],
 )
+
+
+# -- client: defaults, many waiters, verbatim CLI output ------------------------
+
+LONG_WALK = 30  # model calls in one turn, past the old max_steps default of 25
+register_script(
+    "long-walker",
+    [Reply.call(call("add", a=i, b=1)) for i in range(LONG_WALK - 1)]
+    + [lambda ms: Reply.say(f"walked {len(tool_results(ms))} steps")],
+)
+Agent("long-walker", scripted_model("long-walker"), tools=[add])  # default max_steps
+
+register_script(
+    "waited",
+    [
+        Reply.call(call("timed", label="wait", seconds=2.0)),
+        lambda ms: Reply.say(f"waited for {_task(ms)}"),
+    ],
+)
+Agent("waited", scripted_model("waited"), tools=[timed])
+
+#: Rich markup, a closing tag that crashes markup parsing, and one line
+#: longer than a terminal: printed verbatim or the CLI is wrong.
+VERBATIM = "[bold]not bold[/bold] a tag [/] and [link]x[/link] " + "long-line " * 20 + "end"
+register_script("verbatim", [Reply.say(VERBATIM)] * 50)
+Agent("verbatim", scripted_model("verbatim"))
+
+# -- client: the README's tools and agents (tests/readme.py) -----------------
+
+import tests.readme  # noqa: E402,F401

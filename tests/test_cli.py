@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -83,5 +84,6 @@ def test_submit_follow_status_and_events_against_the_fleet(
 
     events = run(["events", job_id], env)
     assert events.returncode == 0
-    assert events.stdout.count('"name": "tool.completed"') == 4
-    assert '"name": "turn.completed"' in events.stdout
+    names = [json.loads(line)["name"] for line in events.stdout.splitlines()]  # JSON Lines
+    assert names.count("tool.completed") == 4
+    assert names[-1] == "turn.completed"

@@ -1,4 +1,4 @@
-"""SQLModel tables: conversations, turns, messages, tool calls, events (DESIGN §6).
+"""SQLModel tables: conversations, turns, messages, tool calls, events (docs/architecture.md).
 
 A conversation carries the loop's cursor: ``(turn_id, cursor_step,
 cursor_segment)`` plus ``version`` for compare-and-set. ``cursor_segment``

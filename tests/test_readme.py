@@ -1,0 +1,212 @@
+"""Every example in the README runs (see tests/readme.py for how).
+
+Each fenced block is enumerated; each is run, or listed here with the
+reason it is not, so the README cannot drift from the code unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from orchestrator import Settings
+from tests import readme
+from tests.conftest import ROOT, worker_env
+
+#: Blocks not run, by their first line, with the reason.
+NOT_RUN = {
+    "CHORUS_TEST_REDIS_URL=redis://127.0.0.1:6379/0 C": "it is the command running these tests",
+    "CHORUS_TEST_REDIS_URL=redis://127.0.0.1:6379/0 \\": "the same command, on three lines",
+    "cp .env.example .env            # set OPENAI_API": (
+        "deployment: needs a Docker engine and provider keys; compose.yaml and .env.example are "
+        "checked offline by tests/deploy/test_compose.py (docker-compose config, every command)"
+    ),
+    "kubectl create secret generic chorus-env \\": (
+        "deployment: needs a Kubernetes cluster; the chart and helm/values-example.yaml are "
+        "checked offline by tests/deploy/test_helm.py (helm lint --strict, helm template, "
+        "kubernetes-validate --strict)"
+    ),
+    ".venv/bin/python bench/step_overhead.py": (
+        "benchmarks load the machine for minutes by design and print figures; they assert nothing"
+    ),
+}
+
+#: Blocks run in part: the first line, the part that runs, and why the rest does not.
+PARTLY = {
+    "python3 -m venv .venv && .venv/bin/pip install -": (
+        ".venv/bin/chorus local",
+        "creating a venv and installing from the network takes minutes; the tests run "
+        "in an environment where that install was done",
+    ),
+}
+
+#: Files the blocks that are not run name: they must exist.
+NAMED_FILES = [".env.example", "compose.yaml", "helm/chorus", "helm/values-example.yaml"]
+NAMED_FILES += ["bench/step_overhead.py", "bench/fanout.py"]
+
+
+def _first(block: readme.Block) -> str:
+    """A block's key: the start of its first line."""
+    return block.body.strip().splitlines()[0][:48]
+
+
+def _bash(block: readme.Block) -> str:
+    """The block as run here: ``chorus`` is this worktree's CLI, README
+    service URLs are the test services'."""
+    return block.body.replace(".venv/bin/chorus", "chorus").replace(
+        ".venv/bin/python", '"$CHORUS_PYTHON"'
+    )
+
+
+def _run_bash(script: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in bash in its own process group; whatever it left
+    running in the background (workers, beat) is stopped when it ends."""
+    preamble = 'chorus() { "$CHORUS_PYTHON" -m orchestrator.cli "$@"; }\nset -e\n'
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            ["bash", "-c", preamble + script],
+            cwd=ROOT,
+            env={**env, "CHORUS_PYTHON": sys.executable},
+            stdout=out,
+            stderr=err,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            _stop_group(proc.pid)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+
+
+def _stop_group(pgid: int) -> None:
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def test_every_block_is_run_or_listed_with_a_reason() -> None:
+    seen: set[str] = set()
+    for block in readme.blocks():
+        assert block.lang in ("python", "bash", "text"), f"{block}: say which language"
+        if block.lang == "bash":
+            first = _first(block)
+            seen.add(first)
+            assert first in NOT_RUN or first in PARTLY or first in RUN_BASH, (
+                f"{block}: run it in a test or list it in NOT_RUN with the reason"
+            )
+    assert set(NOT_RUN) | set(PARTLY) | set(RUN_BASH) <= seen, "a listed block left the README"
+    for name in NAMED_FILES:
+        assert (ROOT / name).exists(), name
+
+
+def test_the_declarations_are_what_the_workers_load() -> None:
+    # The README's tools and agents are this module's body (tests/readme.py),
+    # which the test workers import through tests.agents.
+    from orchestrator import registry
+
+    for agent in ("planner", "demo", "web-researcher", "team-lead", "careful-planner"):
+        assert registry.get_agent(agent).name == agent
+    assert registry.get_agent("planner").model == "scripted/readme-planner"
+    assert registry.get_agent("careful-planner").context_tokens == 100_000
+
+
+@pytest.mark.integration
+def test_the_python_client_blocks_run_against_the_fleet(
+    settings: Settings, workers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the environment a user's client would have
+    for key, value in worker_env(settings).items():
+        if key.startswith("CHORUS_"):
+            monkeypatch.setenv(key, value)
+    namespace = {k: v for k, v in vars(readme).items() if not k.startswith("__")}
+    namespace["__name__"] = "readme_client"
+
+    # When every client block runs, in README order, in one namespace
+    ran = []
+    for block in readme.blocks():
+        if block.lang == "python" and block.is_client:
+            exec(compile(block.body, f"README.md:{block.line}", "exec"), namespace)
+            ran.append(block.line)
+
+    # Then they ran, and their jobs did what the README says
+    assert len(ran) == 4
+    assert namespace["job"].status().structured == {"city": "Lisbon", "nights": 3}
+    assert namespace["again"].result() == "Four nights in Lisbon, rebooked."
+    namespace["client"].close()
+
+
+def _running_against_real_services(settings: Settings, tmp_path: Path) -> dict[str, str]:
+    env = worker_env(settings, CHORUS_REDIS_PREFIX=f"readme-{uuid.uuid4().hex[:8]}")
+    env["CHORUS_STATE_DIR"] = str(tmp_path)
+    return env
+
+
+#: Bash blocks run whole, by their first line: the test that runs each.
+RUN_BASH = {
+    "export CHORUS_REDIS_URL=redis://127.0.0.1:6379/0": "test_running_against_real_services"
+}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(420)  # three workers and beat start on a shared machine
+def test_running_against_real_services(settings: Settings, tmp_path: Path) -> None:
+    (block,) = [b for b in readme.blocks() if _first(b) in RUN_BASH]
+    script = _bash(block)
+    # The README's service URLs become the test services' (the test
+    # database, a Redis key prefix of its own so its workers take only its jobs)
+    script = script.replace("redis://127.0.0.1:6379/0", settings.redis_url or "")
+    script = script.replace("postgresql+psycopg://postgres@127.0.0.1:5432/chorus", settings.db_url)
+    env = _running_against_real_services(settings, tmp_path)
+    try:
+        out = _run_bash(script, env, timeout=400)
+    finally:
+        r = redis.Redis.from_url(settings.redis_url or "")
+        for key in r.scan_iter(f"{env['CHORUS_REDIS_PREFIX']}*"):
+            r.delete(key)
+        r.close()
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "completed job" in " ".join(out.stdout.split())
+
+
+def test_the_first_command_runs_the_demo(tmp_path: Path) -> None:
+    (block,) = [b for b in readme.blocks() if _first(b) in PARTLY]
+    part, _why = PARTLY[_first(block)]
+    assert part in block.body
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
+    env.update(CHORUS_STATE_DIR=str(tmp_path), LITELLM_LOCAL_MODEL_COST_MAP="True")
+    out = _run_bash(part.replace(".venv/bin/chorus", "chorus"), env, timeout=170)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "completed job" in " ".join(out.stdout.split())
+
+
+def test_the_architecture_document_is_in_the_repository_and_complete() -> None:
+    from schemas import EventName
+
+    text = (ROOT / "README.md").read_text()
+    assert "(docs/architecture.md)" in text and "../shared" not in text
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for name in EventName:
+        assert f"| `{name.value}` |" in doc, f"docs/architecture.md lacks {name.value}"
