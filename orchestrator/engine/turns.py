@@ -101,7 +101,8 @@ def start_turn(
     takes (recorded as ``message.dequeued``).
     """
     spec = resolve_agent(request.agent)
-    _check_request(rt.settings, request)
+    if queued_entry is None:  # a queued message was checked when it was sent: a
+        _check_request(rt.settings, request)  # worker's lower cap must not drop it
     try:
         with rt.transaction() as (session, outbox):
             found = _existing(session, request.idempotency_key)
