@@ -387,3 +387,15 @@ Agent(
     scripted_model("limited"),
     rate_limits=[RateLimit(key="tenant:{tenant}", requests=RATE, period=1.0)],
 )
+
+
+# -- sweep: a model slow enough to keep a small llm pool's queue busy ---------
+
+
+def _slow_answer(messages: list[dict[str, Any]]) -> Reply:
+    time.sleep(0.5)
+    return Reply.say(f"slow: {messages[-1]['content']}")
+
+
+register_script("sweep-slow", [_slow_answer])
+Agent("sweep-slow", scripted_model("sweep-slow"))

@@ -1,23 +1,47 @@
 """The sweeper: re-dispatch the cursor of any turn that stopped moving.
 
 A lost message, a dead worker or a broken chord then costs a delay, never
-a conversation. Re-dispatching is safe because every task is idempotent.
+a conversation. Re-dispatching is safe because every task is idempotent,
+and it is rare because the sweeper first looks in the broker: a task of
+the position still waiting in a queue (or just handed to a worker) is
+merely late, not lost. Each further re-dispatch of one position waits
+twice as long as the last, and past ``max_redispatches`` the turn fails.
+
+Each sweep also drops the broker's phantom work (unacknowledged messages
+of a dead worker whose position is already done) and starts the next
+queued message of any idle conversation whose dequeue was lost.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import logging
+from datetime import datetime, timedelta
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from orchestrator import registry
-from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
+from orchestrator.celery_conf import QUEUES
+from orchestrator.engine.actions import (
+    Action,
+    RunSegment,
+    RunStep,
+    ToolTask,
+    advance_task_id,
+    position_of,
+    step_task_id,
+)
+from orchestrator.engine.broker import BrokerView, Delivered
+from orchestrator.engine.cursor import finish_turn, is_current
+from orchestrator.engine.inbox import waiting_inboxes
 from orchestrator.engine.subagents import is_subagent_call
 from orchestrator.errors import UnknownToolError
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, utcnow
-from schemas import ConversationState
+from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
+from schemas import ConversationState, TurnStatus
+
+log = logging.getLogger(__name__)
 
 
 def _tool_timeout(name: str) -> float:
@@ -48,34 +72,135 @@ def _segment_action(session: Session, conv: Conversation, stall: float) -> Actio
     return RunSegment(conv.id, conv.turn_id, conv.cursor_step, conv.cursor_segment, tasks)
 
 
-def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
-    """Find running conversations with no progress for ``stall_timeout``
-    and return their current step or segment to dispatch again."""
+def _position_action(session: Session, conv: Conversation, stall: float) -> Action | None:
+    """What serves the conversation's cursor now; None while it is in hand."""
+    assert conv.turn_id is not None
+    if conv.cursor_segment >= 0:
+        return _segment_action(session, conv, stall)
+    if conv.lease_until is not None and conv.lease_until > utcnow():
+        return None  # a live step holds the model-call lease
+    return RunStep(conv.id, conv.turn_id, conv.cursor_step)
+
+
+def _in_flight(broker: BrokerView, action: Action, stall: float) -> bool:
+    """Is a task of this position still waiting in the broker (or just
+    handed to a worker)? Then it is late, not lost."""
+    if isinstance(action, RunStep):
+        task_id = step_task_id(action.conversation_id, action.turn_id, action.step)
+        return broker.in_flight(task_id, QUEUES["chorus.step"], stall)
+    assert isinstance(action, RunSegment)
+    if action.calls:
+        return any(broker.in_flight(c.call_id, c.queue, stall) for c in action.calls)
+    task_id = advance_task_id(action.conversation_id, action.turn_id, action.step, action.segment)
+    return broker.in_flight(task_id, QUEUES["chorus.advance"], stall)
+
+
+def stalled_query(now: datetime, stall: float) -> SelectOfScalar[str]:
+    """Ids of running conversations whose cursor has not moved for ``stall``
+    seconds, oldest first (each one's own back-off is checked after)."""
+    return (
+        select(Conversation.id)
+        .where(
+            Conversation.state == ConversationState.RUNNING.value,
+            col(Conversation.progress_at) < now - timedelta(seconds=stall),
+        )
+        .order_by(col(Conversation.progress_at))
+    )
+
+
+def _backed_off(conv: Conversation, now: datetime, stall: float) -> bool:
+    """The n-th re-dispatch of one position waits ``stall * 2**n``."""
+    wait = timedelta(seconds=stall * 2 ** min(conv.redispatches, 30))
+    return conv.progress_at + wait > now
+
+
+def _give_up(rt: Runtime, conversation_id: str, version: int) -> list[Action]:
+    """Fail the turn whose position was re-dispatched ``max_redispatches``
+    times without moving (a subagent's failure answers its parent)."""
+    with rt.transaction() as (session, outbox):
+        conv = session.get(Conversation, conversation_id)
+        if conv is None or conv.version != version or conv.turn_id is None:
+            return []
+        turn = session.get(Turn, conv.turn_id)
+        assert turn is not None
+        where = f"step {conv.cursor_step}" + (
+            f" segment {conv.cursor_segment}" if conv.cursor_segment >= 0 else ""
+        )
+        error = (
+            f"{where} made no progress after {conv.redispatches} re-dispatches by the "
+            f"sweeper (CHORUS_MAX_REDISPATCHES={rt.settings.max_redispatches}); giving up"
+        )
+        log.warning("turn %s: %s", turn.id, error)
+        return finish_turn(session, outbox, conv, turn, TurnStatus.FAILED, error=error) or []
+
+
+def _sweep_one(rt: Runtime, broker: BrokerView, conversation_id: str) -> list[Action]:
     stall = rt.settings.stall_timeout
     now = utcnow()
-    actions: list[Action] = []
     with rt.session() as session:
-        stalled = session.exec(
-            select(Conversation)
-            .where(
-                Conversation.state == ConversationState.RUNNING.value,
-                col(Conversation.progress_at) < now - timedelta(seconds=stall),
-            )
-            .limit(limit)
-        ).all()
-        for conv in stalled:
-            if conv.turn_id is None:
-                continue
-            action: Action | None
-            if conv.cursor_segment < 0:
-                live_lease = conv.lease_until is not None and conv.lease_until > now
-                action = None if live_lease else RunStep(conv.id, conv.turn_id, conv.cursor_step)
-            else:
-                action = _segment_action(session, conv, stall)
-            if action is None:
-                continue
-            session.execute(  # restart the stall clock; the version is untouched
-                update(Conversation).where(col(Conversation.id) == conv.id).values(progress_at=now)
-            )
-            actions.append(action)
+        conv = session.get(Conversation, conversation_id)
+        if conv is None or conv.state != ConversationState.RUNNING.value or conv.turn_id is None:
+            return []
+        if _backed_off(conv, now, stall):
+            return []
+        action = _position_action(session, conv, stall)
+        if action is None or _in_flight(broker, action, stall):
+            return []
+        if conv.redispatches >= rt.settings.max_redispatches:
+            version = conv.version
+            session.rollback()
+            return _give_up(rt, conversation_id, version)
+        # Restart the stall clock and count the re-dispatch; the version is
+        # untouched, so a copy already running still matches the cursor.
+        moved = session.execute(
+            update(Conversation)
+            .where(col(Conversation.id) == conv.id, col(Conversation.version) == conv.version)
+            .values(progress_at=now, redispatches=conv.redispatches + 1)
+        )
+        if moved.rowcount != 1:  # type: ignore[attr-defined]
+            return []  # the cursor moved meanwhile
+        log.info(
+            "re-dispatching conversation %s at step %d segment %d (re-dispatch %d)",
+            conv.id,
+            conv.cursor_step,
+            conv.cursor_segment,
+            conv.redispatches + 1,
+        )
+    return [action]
+
+
+def _done(session: Session, task: Delivered) -> bool:
+    """Is the position a delivered task serves already past?"""
+    position = position_of(task.task_id)
+    if position is not None:
+        conv = session.get(Conversation, position.conversation_id)
+        return not is_current(conv, position.turn_id, position.step, position.segment)
+    if task.task == "chorus.tool":
+        call = session.get(ToolCallRow, task.task_id)
+        if call is None:
+            return True
+        turn = session.get(Turn, call.turn_id)
+        return (
+            call.status in CALL_FINISHED or turn is None or turn.status != TurnStatus.RUNNING.value
+        )
+    return False
+
+
+def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
+    """Re-dispatch the position of each running conversation with no
+    progress for ``stall_timeout`` (and none of its tasks in the broker),
+    drop phantom broker messages, and dequeue for idle conversations with
+    waiting messages. Returns what to dispatch."""
+    stall = rt.settings.stall_timeout
+    broker = BrokerView.read(rt, sorted(set(QUEUES.values())))
+    with rt.session() as session:
+        stalled = session.exec(stalled_query(utcnow(), stall).limit(limit)).all()
+    actions: list[Action] = []
+    for conversation_id in stalled:
+        actions.extend(_sweep_one(rt, broker, conversation_id))
+    with rt.session() as session:
+        dropped = broker.drop_stale(stall, lambda task: _done(session, task))
+    if dropped:
+        log.info("dropped %d unacknowledged broker messages of finished work", dropped)
+    actions.extend(waiting_inboxes(rt, stall, limit))
     return actions
