@@ -24,10 +24,11 @@ from sqlmodel import select
 
 from orchestrator import Client, Settings, engine
 from orchestrator.dispatch import dispatch
-from orchestrator.engine.actions import Action, Dequeue, RunStep
+from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment, RunStep
+from orchestrator.engine.step import new_lease_owner
 from orchestrator.errors import JobFailedError
 from orchestrator.store.tables import EventRow, ToolCallRow, Turn
-from schemas import EventName
+from schemas import EventName, JobRequest
 from tests.conftest import WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -151,6 +152,39 @@ def test_a_position_lost_every_time_fails_its_turn(private: Private) -> None:
         job.result(timeout=5)
     names = [e.name for e in job.events(timeout=5)]
     assert names[-1] == EventName.TURN_FAILED
+
+
+def test_a_child_given_up_on_answers_its_parent(private: Private) -> None:
+    # Given a lead whose subagent's first step is lost every time (the engine
+    # is driven directly and the child's step is never run)
+    _settings, client = private(stall_timeout=1.0, max_redispatches=1)
+    rt = client.runtime
+    ref, _ = engine.start_turn(rt, JobRequest(agent="careful-lead", input="go"))
+    (segment,) = engine.run_step(rt, ref.conversation_id, ref.job_id, 0, new_lease_owner())
+    assert isinstance(segment, RunSegment)
+    for call in segment.calls:
+        engine.run_tool(rt, call.call_id)  # ``add`` answers; the child starts, its step is lost
+
+    # When the sweeper re-sends the child's step (lost again) and then gives up
+    sent: list[Action] = []
+    deadline = time.monotonic() + 60
+    while not any(isinstance(a, RunAdvance) for a in sent):
+        assert time.monotonic() < deadline, "the sweeper never gave up on the child"
+        sent.extend(engine.sweep(rt))
+        time.sleep(0.2)
+
+    # Then the child's turn failed, and its failure is the parent's tool result
+    assert [type(a) for a in sent] == [RunStep, RunAdvance]
+    (advance,) = [a for a in sent if isinstance(a, RunAdvance)]
+    (step,) = engine.advance(rt, advance.conversation_id, advance.turn_id, 0, 0)
+    assert isinstance(step, RunStep)
+    engine.run_step(rt, ref.conversation_id, ref.job_id, 1, new_lease_owner())
+    job = client.job(ref.job_id)
+    answer = job.result(timeout=5)
+    assert "no progress after 1 re-dispatches" in answer and "3" in answer
+    calls = _calls(client, ref.job_id)
+    child = next(c for c in calls if c.tool == "subagent__failing-child")
+    assert child.status == "failed" and child.is_error
 
 
 def test_a_step_waiting_in_an_unserved_queue_is_left_alone(private: Private) -> None:
