@@ -169,12 +169,19 @@ def _sweep_one(rt: Runtime, broker: BrokerView, conversation_id: str) -> list[Ac
     return [action]
 
 
+#: Tasks whose work the sweeper itself redoes once they are stale: a lost
+#: dequeue (:func:`waiting_inboxes`) and a sweep (beat sends the next one).
+_SWEEPER_COVERS = ("chorus.dequeue", "chorus.sweep")
+
+
 def _done(session: Session, task: Delivered) -> bool:
-    """Is the position a delivered task serves already past?"""
+    """Is the work of a stale delivered task done, or redone by the sweeper?"""
     position = position_of(task.task_id)
     if position is not None:
         conv = session.get(Conversation, position.conversation_id)
         return not is_current(conv, position.turn_id, position.step, position.segment)
+    if task.task in _SWEEPER_COVERS:
+        return True
     if task.task == "chorus.tool":
         call = session.get(ToolCallRow, task.task_id)
         if call is None:
@@ -192,9 +199,10 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
     drop phantom broker messages, and dequeue for idle conversations with
     waiting messages. Returns what to dispatch."""
     stall = rt.settings.stall_timeout
-    broker = BrokerView.read(rt, sorted(set(QUEUES.values())))
     with rt.session() as session:
         stalled = session.exec(stalled_query(utcnow(), stall).limit(limit)).all()
+    # The queues are read only when something may need re-sending.
+    broker = BrokerView.read(rt, sorted(set(QUEUES.values())) if stalled else ())
     actions: list[Action] = []
     for conversation_id in stalled:
         actions.extend(_sweep_one(rt, broker, conversation_id))
