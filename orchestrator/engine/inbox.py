@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from itertools import islice
 from typing import Any
 
 from sqlmodel import col, select
@@ -70,11 +69,7 @@ def send(rt: Runtime, conversation_id: str, text: str) -> tuple[str, list[Action
     with rt.session() as session:
         if session.get(Conversation, conversation_id) is None:
             raise ConversationNotFound(conversation_id)
-    prefix = rt.settings.redis_prefix
-    pipe = rt.redis.pipeline()  # MULTI: a message is never queued outside the set
-    pipe.xadd(inbox(prefix, conversation_id), {"text": text})
-    pipe.sadd(inboxes(prefix), conversation_id)
-    entry = str(pipe.execute()[0])
+    entry = _enqueue(rt, conversation_id, {"text": text})
     _record(rt, conversation_id, EventName.MESSAGE_QUEUED, entry=entry, text=text)
     return entry, [Dequeue(conversation_id)]
 
@@ -127,9 +122,21 @@ def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
             return actions
 
 
+def _enqueue(rt: Runtime, conversation_id: str, fields: dict[str, str]) -> str:
+    """Append to the conversation's stream and mark its inbox as waiting,
+    in one MULTI: no message is ever queued outside the set. Returns the
+    entry id."""
+    prefix = rt.settings.redis_prefix
+    pipe = rt.redis.pipeline()
+    pipe.xadd(inbox(prefix, conversation_id), fields)  # type: ignore[arg-type]
+    pipe.sadd(inboxes(prefix), conversation_id)
+    return str(pipe.execute()[0])
+
+
 def _forget(rt: Runtime, conversation_id: str) -> None:
     """Take the conversation out of the set of inboxes, unless a message
-    arrived meanwhile (``send`` adds to the stream before the set)."""
+    arrived meanwhile (:func:`_enqueue` adds to the stream and the set at
+    once, so it is either seen by the length check or adds itself back)."""
     prefix = rt.settings.redis_prefix
     rt.redis.srem(inboxes(prefix), conversation_id)
     if rt.redis.xlen(inbox(prefix, conversation_id)):
@@ -149,7 +156,9 @@ def waiting_inboxes(rt: Runtime, stall: float, limit: int) -> list[Action]:
     seconds, micros = rt.redis.time()  # stream ids are stamped with Redis's clock
     cutoff = int((seconds + micros / 1e6 - stall) * 1000)
     waiting: list[str] = []
-    for conversation_id in islice(rt.redis.sscan_iter(inboxes(prefix), count=limit), limit):
+    # A random sample: with more than ``limit`` inboxes, every one is reached in time.
+    sample: Any = rt.redis.srandmember(inboxes(prefix), limit)
+    for conversation_id in sample:
         oldest: Any = rt.redis.xrange(inbox(prefix, conversation_id), count=1)
         if not oldest:
             _forget(rt, conversation_id)
@@ -199,10 +208,7 @@ def restore_inboxes(rt: Runtime) -> int:
         for entry in sorted(entries, key=lambda e: tuple(int(p) for p in e.split("-"))):
             if rt.redis.xrange(key, entry, entry):
                 continue  # still there: Redis kept its data
-            pipe = rt.redis.pipeline()
-            pipe.xadd(key, {"text": entries[entry], "entry": entry})
-            pipe.sadd(inboxes(prefix), conversation_id)
-            pipe.execute()
+            _enqueue(rt, conversation_id, {"text": entries[entry], "entry": entry})
             restored += 1
     rt.redis.set(inboxes_restored(prefix), "1")
     if restored:
