@@ -129,6 +129,27 @@ def test_work_waiting_in_a_busy_queue_is_not_re_dispatched(private: Private) -> 
     assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 24
 
 
+def test_tool_calls_waiting_in_a_busy_tools_queue_are_not_re_dispatched(
+    private: Private,
+) -> None:
+    # Given a 2-process tools worker, 2-second tools and a stall timeout of 2 s
+    settings, client = private(stall_timeout=2.0)
+    llm = WorkerProcess(settings, "busy-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
+    tools = WorkerProcess(settings, "busy-tools", "-Q", "tools", "-P", "prefork", "-c", "2")
+    with running(llm, tools, client=client), sweeping(client) as sweeper:
+        # When 8 jobs of 2 calls each queue up (the last calls wait about 14 s)
+        jobs = [client.submit("fragile-batch", f"b{i}") for i in range(8)]
+        for job in jobs:
+            job.result(timeout=180)
+
+    # Then the sweeper sent nothing, and every call and model step ran once
+    assert sweeper.sent == []
+    calls = [c for job in jobs for c in _calls(client, job.id)]
+    assert len(calls) == 16
+    assert all(c.status == "completed" and c.attempts == 1 for c in calls)
+    assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 16
+
+
 def test_a_position_lost_every_time_fails_its_turn(private: Private) -> None:
     # Given no worker on this prefix, so every step task sent is lost (purged)
     settings, client = private(stall_timeout=1.0, max_redispatches=3)
