@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import redis
@@ -47,14 +48,18 @@ def _headers(raw: Any) -> dict[str, Any]:
     return headers if isinstance(headers, dict) else {}
 
 
+@cache
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
 def broker_client(rt: Runtime) -> redis.Redis | None:
-    """A client of the broker's Redis; None when the broker is not Redis."""
+    """A client of the broker's Redis; None when the broker is not Redis
+    (then the sweeper cannot look into it and re-dispatches on time alone)."""
     url = rt.settings.broker_url or rt.settings.redis_url
     if url is None or not url.startswith(("redis://", "rediss://", "unix://")):
         return None
-    if url == rt.settings.redis_url:
-        return rt.redis
-    return redis.Redis.from_url(url, decode_responses=True)
+    return rt.redis if url == rt.settings.redis_url else _client(url)
 
 
 @dataclass
