@@ -115,25 +115,25 @@ def _model_calls_per_step(client: Client, turn_ids: list[str]) -> list[int]:
 
 
 def test_work_waiting_in_a_busy_queue_is_not_re_dispatched(private: Private) -> None:
-    # Given a 2-slot llm worker, a 0.5 s model and a stall timeout of 2 s
-    settings, client = private(stall_timeout=2.0)
+    # Given a 2-slot llm worker, a 0.5 s model and a stall timeout of 3 s
+    settings, client = private(stall_timeout=3.0)
     llm = WorkerProcess(settings, "busy-llm", "-Q", "llm,control", "-P", "threads", "-c", "2")
     with running(llm, client=client), sweeping(client) as sweeper:
-        # When 24 jobs queue up (the last waits about 6 s, three stall timeouts)
-        jobs = [client.submit("sweep-slow", f"q{i}") for i in range(24)]
+        # When 32 jobs queue up (the last waits about 8 s, over two stall timeouts)
+        jobs = [client.submit("sweep-slow", f"q{i}") for i in range(32)]
         answers = [job.result(timeout=180) for job in jobs]
 
     # Then each completes, the sweeper sent nothing, and the model was called once a step
-    assert answers == [f"slow: q{i}" for i in range(24)]
+    assert answers == [f"slow: q{i}" for i in range(32)]
     assert sweeper.sent == []
-    assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 24
+    assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 32
 
 
 def test_tool_calls_waiting_in_a_busy_tools_queue_are_not_re_dispatched(
     private: Private,
 ) -> None:
-    # Given a 2-process tools worker, 2-second tools and a stall timeout of 2 s
-    settings, client = private(stall_timeout=2.0)
+    # Given a 2-process tools worker, 2-second tools and a stall timeout of 3 s
+    settings, client = private(stall_timeout=3.0)
     llm = WorkerProcess(settings, "busy-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
     tools = WorkerProcess(settings, "busy-tools", "-Q", "tools", "-P", "prefork", "-c", "2")
     with running(llm, tools, client=client), sweeping(client) as sweeper:
