@@ -399,3 +399,9 @@ def _slow_answer(messages: list[dict[str, Any]]) -> Reply:
 
 register_script("sweep-slow", [_slow_answer])
 Agent("sweep-slow", scripted_model("sweep-slow"))
+register_script("sweep-deferred", [lambda ms: Reply.say(f"deferred: {ms[-1]['content']}")])
+Agent(
+    "sweep-deferred",
+    scripted_model("sweep-deferred"),
+    rate_limits=[RateLimit(key="tenant:{tenant}", requests=1, period=5.0)],
+)

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -51,6 +52,17 @@ def _headers(raw: Any) -> dict[str, Any]:
 @cache
 def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, decode_responses=True)
+
+
+def _eta(headers: dict[str, Any]) -> float:
+    """When a countdown task is due (epoch seconds); 0 without an ETA."""
+    eta = headers.get("eta")
+    if not isinstance(eta, str):
+        return 0.0
+    try:
+        return datetime.fromisoformat(eta).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def broker_client(rt: Runtime) -> redis.Redis | None:
@@ -105,7 +117,9 @@ class BrokerView:
             if isinstance(task_id, str):
                 at = times.get(tag, time.time())
                 self.delivered.append(Delivered(tag, task_id, str(headers.get("task", "")), at))
-                self._latest[task_id] = max(at, self._latest.get(task_id, at))
+                # A worker holds a countdown task until its ETA: it is live until then.
+                live = max(at, _eta(headers))
+                self._latest[task_id] = max(live, self._latest.get(task_id, live))
 
     def _scan_queue(self, queue: str) -> None:
         """Read the ids of every message waiting in ``queue`` (once per view)."""
@@ -127,8 +141,8 @@ class BrokerView:
 
     def in_flight(self, task_id: str, queue: str, within: float) -> bool:
         """Is a copy of ``task_id`` waiting in ``queue``, or was one handed to
-        a worker less than ``within`` seconds ago (a live worker may be
-        about to run it)?"""
+        a worker less than ``within`` seconds ago, or before its ETA (a
+        live worker may be about to run it)?"""
         self._scan_queue(queue)
         if task_id in self.queued:
             return True
