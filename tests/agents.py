@@ -389,7 +389,7 @@ Agent(
 )
 
 
-# -- sweep: a model slow enough to keep a small llm pool's queue busy ---------
+# -- sweep: a slow model for a busy queue; a rate limit that defers steps -----
 
 
 def _slow_answer(messages: list[dict[str, Any]]) -> Reply:
@@ -403,5 +403,5 @@ register_script("sweep-deferred", [lambda ms: Reply.say(f"deferred: {ms[-1]['con
 Agent(
     "sweep-deferred",
     scripted_model("sweep-deferred"),
-    rate_limits=[RateLimit(key="tenant:{tenant}", requests=1, period=5.0)],
+    rate_limits=[RateLimit(key="tenant:{tenant}", requests=1, period=8.0)],
 )

@@ -15,6 +15,7 @@ queued message of any idle conversation whose dequeue was lost.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import update
@@ -69,6 +70,9 @@ def _segment_action(session: Session, conv: Conversation, stall: float) -> Actio
         if c.started_at and c.started_at + timedelta(seconds=_tool_timeout(c.tool) + stall) > now:
             return None  # still inside its own timeout
     tasks = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.status not in CALL_FINISHED)
+    finished = [c.finished_at for c in calls if c.finished_at is not None]
+    if not tasks and finished and max(finished) + timedelta(seconds=stall) > now:
+        return None  # the last call just ended: its worker is sending the advance
     return RunSegment(conv.id, conv.turn_id, conv.cursor_step, conv.cursor_segment, tasks)
 
 
@@ -134,39 +138,51 @@ def _give_up(rt: Runtime, conversation_id: str, version: int) -> list[Action]:
         return finish_turn(session, outbox, conv, turn, TurnStatus.FAILED, error=error) or []
 
 
-def _sweep_one(rt: Runtime, broker: BrokerView, conversation_id: str) -> list[Action]:
+@dataclass(frozen=True)
+class _Candidate:
+    """A stalled position, as read from the database, and what would re-send it."""
+
+    conversation_id: str
+    version: int
+    redispatches: int
+    action: Action
+
+
+def _candidate(rt: Runtime, conversation_id: str, now: datetime) -> _Candidate | None:
     stall = rt.settings.stall_timeout
-    now = utcnow()
     with rt.session() as session:
         conv = session.get(Conversation, conversation_id)
         if conv is None or conv.state != ConversationState.RUNNING.value or conv.turn_id is None:
-            return []
+            return None
         if _backed_off(conv, now, stall):
-            return []
+            return None
         action = _position_action(session, conv, stall)
-        if action is None or _in_flight(broker, action, stall):
-            return []
-        if conv.redispatches >= rt.settings.max_redispatches:
-            version = conv.version
-            session.rollback()
-            return _give_up(rt, conversation_id, version)
+    if action is None:
+        return None
+    return _Candidate(conv.id, conv.version, conv.redispatches, action)
+
+
+def _redispatch(rt: Runtime, candidate: _Candidate, now: datetime) -> list[Action]:
+    """Re-send the position, or give up on it past ``max_redispatches``;
+    nothing if its cursor moved since it was read."""
+    if candidate.redispatches >= rt.settings.max_redispatches:
+        return _give_up(rt, candidate.conversation_id, candidate.version)
+    with rt.session() as session:
         # Restart the stall clock and count the re-dispatch; the version is
         # untouched, so a copy already running still matches the cursor.
         moved = session.execute(
             update(Conversation)
-            .where(col(Conversation.id) == conv.id, col(Conversation.version) == conv.version)
-            .values(progress_at=now, redispatches=conv.redispatches + 1)
+            .where(
+                col(Conversation.id) == candidate.conversation_id,
+                col(Conversation.version) == candidate.version,
+                col(Conversation.redispatches) == candidate.redispatches,
+            )
+            .values(progress_at=now, redispatches=candidate.redispatches + 1)
         )
         if moved.rowcount != 1:  # type: ignore[attr-defined]
-            return []  # the cursor moved meanwhile
-        log.info(
-            "re-dispatching conversation %s at step %d segment %d (re-dispatch %d)",
-            conv.id,
-            conv.cursor_step,
-            conv.cursor_segment,
-            conv.redispatches + 1,
-        )
-    return [action]
+            return []
+    log.info("re-dispatching %s (re-dispatch %d)", candidate.action, candidate.redispatches + 1)
+    return [candidate.action]
 
 
 #: Tasks whose work the sweeper itself redoes once they are stale: a lost
@@ -199,13 +215,19 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
     drop phantom broker messages, and dequeue for idle conversations with
     waiting messages. Returns what to dispatch."""
     stall = rt.settings.stall_timeout
+    now = utcnow()
     with rt.session() as session:
-        stalled = session.exec(stalled_query(utcnow(), stall).limit(limit)).all()
-    # The queues are read only when something may need re-sending.
-    broker = BrokerView.read(rt, sorted(set(QUEUES.values())) if stalled else ())
+        stalled = session.exec(stalled_query(now, stall).limit(limit)).all()
+    candidates = [c for cid in stalled if (c := _candidate(rt, cid, now)) is not None]
+    # The broker is read after the database: a task sent after the state we
+    # read (its sender commits, then sends) is already in a queue, or the
+    # message of the task that sent it is still unacknowledged. The queues
+    # are read only when something may need re-sending.
+    broker = BrokerView.read(rt, sorted(set(QUEUES.values())) if candidates else ())
     actions: list[Action] = []
-    for conversation_id in stalled:
-        actions.extend(_sweep_one(rt, broker, conversation_id))
+    for candidate in candidates:
+        if not _in_flight(broker, candidate.action, stall):
+            actions.extend(_redispatch(rt, candidate, now))
     with rt.session() as session:
         dropped = broker.drop_stale(stall, lambda task: _done(session, task))
     if dropped:

@@ -132,12 +132,12 @@ def test_work_waiting_in_a_busy_queue_is_not_re_dispatched(private: Private) -> 
 def test_a_step_a_worker_holds_until_its_countdown_is_not_re_dispatched(
     private: Private,
 ) -> None:
-    # Given one model call per 5 s for the tenant, and a stall timeout of 1 s
-    settings, client = private(stall_timeout=1.0)
+    # Given one model call per 8 s for the tenant, and a stall timeout of 3 s
+    settings, client = private(stall_timeout=3.0)
     llm = WorkerProcess(settings, "wait-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
     tenant = {"tenant": uuid.uuid4().hex}
     with running(llm, client=client), sweeping(client) as sweeper:
-        # When three jobs arrive at once (the last is deferred about 10 s,
+        # When three jobs arrive at once (the last is deferred about 16 s,
         # its task held by the worker until its countdown ends)
         jobs = [client.submit("sweep-deferred", f"d{i}", context_data=tenant) for i in range(3)]
         answers = [job.result(timeout=120) for job in jobs]
