@@ -15,6 +15,8 @@ from orchestrator.engine.actions import (
     RunAdvance,
     RunSegment,
     RunStep,
+    advance_task_id,
+    step_task_id,
 )
 
 
@@ -29,6 +31,10 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
     Only chord parts keep a Celery result (the chord counts them); every
     other task is sent with ``ignore_result`` so no producer subscribes to
     a result it will never read. Results live in Postgres.
+
+    Each task's id names the cursor position it serves (a tool task's id
+    is its call's id), so every copy of one position has the same id and
+    the sweeper can see whether one is still waiting in the broker.
     """
     for action in actions:
         if isinstance(action, RunStep):
@@ -37,6 +43,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 args=(action.conversation_id, action.turn_id, action.step),
                 queue="llm",
                 ignore_result=True,
+                task_id=step_task_id(action.conversation_id, action.turn_id, action.step),
                 argsrepr=f"conv={_short(action.conversation_id)} turn={_short(action.turn_id)} "
                 f"step={action.step}",
             ).apply_async(countdown=action.countdown or None)
@@ -80,6 +87,7 @@ def _advance(app: Celery, seg: RunSegment | RunAdvance) -> Signature:
         queue="control",
         immutable=True,
         ignore_result=True,
+        task_id=advance_task_id(seg.conversation_id, seg.turn_id, seg.step, seg.segment),
         argsrepr=f"conv={_short(seg.conversation_id)} step={seg.step} segment={seg.segment}",
     )
 

@@ -16,3 +16,15 @@ def cancelled(prefix: str, correlation_id: str) -> str:
 def events_stream(prefix: str, root_id: str) -> str:
     """The live event stream of one conversation tree."""
     return f"{prefix}:events:{root_id}"
+
+
+def inboxes(prefix: str) -> str:
+    """Ids of the conversations whose inbox may hold messages (a Set the
+    sweeper reads to find messages whose dequeue was lost)."""
+    return f"{prefix}:inboxes"
+
+
+def inboxes_restored(prefix: str) -> str:
+    """Present once this Redis's inboxes have been rebuilt from the queued
+    messages recorded in Postgres; missing after Redis lost its data."""
+    return f"{prefix}:inboxes:restored"

@@ -55,6 +55,13 @@ class Settings(BaseSettings):
         description="A running turn with no progress for this long is re-dispatched "
         "by the sweeper.",
     )
+    max_redispatches: int = Field(
+        default=6,
+        ge=0,
+        description="How often the sweeper re-sends one stalled cursor position before "
+        "failing its turn. The n-th re-send waits stall_timeout * 2**n, so a position "
+        "is given up after about stall_timeout * 2**(max_redispatches + 1).",
+    )
     sweep_interval: float = Field(default=30.0, description="Seconds between sweeps (beat).")
     event_stream_maxlen: int = Field(
         default=10_000, description="Approximate cap of each root's live Redis Stream."

@@ -603,3 +603,20 @@ Agent("verbatim", scripted_model("verbatim"))
 # -- client: the README's tools and agents (tests/readme.py) -----------------
 
 import tests.readme  # noqa: E402,F401
+
+# -- sweep: a slow model for a busy queue; a rate limit that defers steps -----
+
+
+def _slow_answer(messages: list[dict[str, Any]]) -> Reply:
+    time.sleep(0.5)
+    return Reply.say(f"slow: {messages[-1]['content']}")
+
+
+register_script("sweep-slow", [_slow_answer])
+Agent("sweep-slow", scripted_model("sweep-slow"))
+register_script("sweep-deferred", [lambda ms: Reply.say(f"deferred: {ms[-1]['content']}")])
+Agent(
+    "sweep-deferred",
+    scripted_model("sweep-deferred"),
+    rate_limits=[RateLimit(key="tenant:{tenant}", requests=1, period=8.0)],
+)

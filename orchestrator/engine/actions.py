@@ -81,3 +81,40 @@ class Deadline:
 
 
 Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint | Deadline
+
+
+@dataclass(frozen=True)
+class Position:
+    """A cursor position, as named by the id of the task that serves it.
+
+    ``segment`` is ``-1`` for a step's model call, else the tool segment
+    whose ``chorus.advance`` the task is."""
+
+    conversation_id: str
+    turn_id: str
+    step: int
+    segment: int
+
+
+def step_task_id(conversation_id: str, turn_id: str, step: int) -> str:
+    """Every copy of a step's task has this id, so a copy is recognisable
+    in the broker (the sweeper's "is it still queued?")."""
+    return f"step:{conversation_id}:{turn_id}:{step}"
+
+
+def advance_task_id(conversation_id: str, turn_id: str, step: int, segment: int) -> str:
+    return f"advance:{conversation_id}:{turn_id}:{step}:{segment}"
+
+
+def position_of(task_id: str) -> Position | None:
+    """The position a step or advance task id names; None for any other id."""
+    kind, _, rest = task_id.partition(":")
+    parts = rest.split(":")
+    try:
+        if kind == "step" and len(parts) == 3:
+            return Position(parts[0], parts[1], int(parts[2]), -1)
+        if kind == "advance" and len(parts) == 4:
+            return Position(parts[0], parts[1], int(parts[2]), int(parts[3]))
+    except ValueError:
+        return None
+    return None

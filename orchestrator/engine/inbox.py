@@ -9,14 +9,24 @@ nothing: the next dequeue finds the turn already there, deletes the entry
 and moves on. Neither a send racing the end of a turn nor two concurrent
 dequeues can lose or double a message (the conversation's compare-and-set
 lets one turn start at a time).
+
+The conversations whose inbox may hold messages are kept in a Redis Set,
+so the sweeper finds an idle conversation with a waiting message whose
+dequeue was lost (:func:`waiting_inboxes`). Every queued message is also
+recorded in Postgres (``message.queued``, ``message.dequeued``,
+``queue.cleared``): when Redis comes back without its data, the sweeper
+rebuilds the inboxes from those records. A rebuilt entry keeps its
+original entry id in its ``entry`` field, so its turn's idempotency key is
+unchanged and it can never start a second turn.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from typing import Any
 
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from orchestrator.engine.actions import Action, Dequeue
 from orchestrator.engine.turns import check_input, start_turn
@@ -25,9 +35,9 @@ from orchestrator.errors import (
     ConversationBusyError,
     ConversationNotFound,
 )
-from orchestrator.keys import inbox
+from orchestrator.keys import inbox, inboxes, inboxes_restored
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, Turn
+from orchestrator.store.tables import Conversation, EventRow, Turn
 from schemas import AgentSpec, ConversationState, EventName, JobRequest
 
 log = logging.getLogger(__name__)
@@ -62,7 +72,7 @@ def send(rt: Runtime, conversation_id: str, text: str) -> tuple[str, list[Action
     try:
         with rt.transaction() as (session, outbox):
             conv, turn = _conversation(session, conversation_id)
-            entry = str(rt.redis.xadd(key, {"text": text}))
+            entry = _enqueue(rt, conversation_id, {"text": text})
             outbox.record(EventName.MESSAGE_QUEUED, conv, turn, entry=entry, text=text)
     except BaseException:
         if entry is not None:
@@ -80,6 +90,7 @@ def clear(rt: Runtime, conversation_id: str) -> int:
     with rt.transaction() as (session, outbox):
         conv, turn = _conversation(session, conversation_id)
         count = int(pipe.execute()[0])
+        _forget(rt, conversation_id)
         outbox.record(EventName.QUEUE_CLEARED, conv, turn, count=count)
     return count
 
@@ -90,12 +101,15 @@ def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
     while True:
         entries: Any = rt.redis.xrange(key, count=1)
         if not entries:
+            _forget(rt, conversation_id)
             return []
         entry_id, fields = entries[0]
+        original = fields.get("entry", entry_id)  # a rebuilt entry keeps its first id
         with rt.session() as session:
             conv = session.get(Conversation, conversation_id)
         if conv is None:
             rt.redis.delete(key)
+            _forget(rt, conversation_id)
             return []
         if conv.state != ConversationState.IDLE.value:
             return []  # the running turn's end dequeues again
@@ -103,10 +117,10 @@ def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
             agent=AgentSpec.model_validate(conv.agent_spec),
             input=fields["text"],
             conversation_id=conversation_id,
-            idempotency_key=idempotency_key(conversation_id, entry_id),
+            idempotency_key=idempotency_key(conversation_id, original),
         )
         try:
-            _ref, actions = start_turn(rt, request, queued_entry=entry_id)
+            _ref, actions = start_turn(rt, request, queued_entry=original)
         except ConversationBusyError:
             return []  # another dequeue started a turn first
         except ChorusError:
@@ -115,3 +129,97 @@ def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
         rt.redis.xdel(key, entry_id)
         if actions:
             return actions
+
+
+def _enqueue(rt: Runtime, conversation_id: str, fields: dict[str, str]) -> str:
+    """Append to the conversation's stream and mark its inbox as waiting,
+    in one MULTI: no message is ever queued outside the set. Returns the
+    entry id."""
+    prefix = rt.settings.redis_prefix
+    pipe = rt.redis.pipeline()
+    pipe.xadd(inbox(prefix, conversation_id), fields)  # type: ignore[arg-type]
+    pipe.sadd(inboxes(prefix), conversation_id)
+    return str(pipe.execute()[0])
+
+
+def _forget(rt: Runtime, conversation_id: str) -> None:
+    """Take the conversation out of the set of inboxes, unless a message
+    arrived meanwhile (:func:`_enqueue` adds to the stream and the set at
+    once, so it is either seen by the length check or adds itself back)."""
+    prefix = rt.settings.redis_prefix
+    rt.redis.srem(inboxes(prefix), conversation_id)
+    if rt.redis.xlen(inbox(prefix, conversation_id)):
+        rt.redis.sadd(inboxes(prefix), conversation_id)
+
+
+def _entry_ms(entry_id: str) -> int:
+    return int(entry_id.partition("-")[0])
+
+
+def waiting_inboxes(rt: Runtime, stall: float, limit: int) -> list[Action]:
+    """A dequeue for each idle conversation whose oldest queued message has
+    waited longer than ``stall`` seconds (its own dequeue was lost)."""
+    prefix = rt.settings.redis_prefix
+    if not rt.redis.exists(inboxes_restored(prefix)):
+        restore_inboxes(rt)
+    seconds, micros = rt.redis.time()  # stream ids are stamped with Redis's clock
+    cutoff = int((seconds + micros / 1e6 - stall) * 1000)
+    waiting: list[str] = []
+    # A random sample: with more than ``limit`` inboxes, every one is reached in time.
+    sample: Any = rt.redis.srandmember(inboxes(prefix), limit)
+    for conversation_id in sample:
+        oldest: Any = rt.redis.xrange(inbox(prefix, conversation_id), count=1)
+        if not oldest:
+            _forget(rt, conversation_id)
+        elif _entry_ms(oldest[0][0]) < cutoff:
+            waiting.append(conversation_id)
+    if not waiting:
+        return []
+    with rt.session() as session:
+        idle = session.exec(
+            select(Conversation.id).where(
+                col(Conversation.id).in_(waiting),
+                Conversation.state == ConversationState.IDLE.value,
+            )
+        ).all()
+    return [Dequeue(conversation_id) for conversation_id in idle]
+
+
+_INBOX_EVENTS = (
+    EventName.MESSAGE_QUEUED.value,
+    EventName.MESSAGE_DEQUEUED.value,
+    EventName.QUEUE_CLEARED.value,
+)
+
+
+def restore_inboxes(rt: Runtime) -> int:
+    """Re-queue every message recorded as queued in Postgres and neither
+    dequeued nor cleared since, that its inbox no longer holds (Redis lost
+    its data). Returns how many were re-queued."""
+    with rt.session() as session:
+        rows = session.exec(
+            select(EventRow.conversation_id, EventRow.name, EventRow.data)
+            .where(col(EventRow.name).in_(_INBOX_EVENTS))
+            .order_by(col(EventRow.root_id), col(EventRow.seq))
+        ).all()
+    pending: dict[str, dict[str, str]] = defaultdict(dict)
+    for conversation_id, name, data in rows:
+        if name == EventName.QUEUE_CLEARED.value:
+            pending[conversation_id].clear()
+        elif name == EventName.MESSAGE_QUEUED.value:
+            pending[conversation_id][data["entry"]] = data["text"]
+        else:
+            pending[conversation_id].pop(data.get("entry", ""), None)
+    prefix = rt.settings.redis_prefix
+    restored = 0
+    for conversation_id, entries in pending.items():
+        key = inbox(prefix, conversation_id)
+        for entry in sorted(entries, key=lambda e: tuple(int(p) for p in e.split("-"))):
+            if rt.redis.xrange(key, entry, entry):
+                continue  # still there: Redis kept its data
+            _enqueue(rt, conversation_id, {"text": entries[entry], "entry": entry})
+            restored += 1
+    rt.redis.set(inboxes_restored(prefix), "1")
+    if restored:
+        log.warning("re-queued %d messages recorded in Postgres but missing in Redis", restored)
+    return restored

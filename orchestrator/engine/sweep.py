@@ -1,24 +1,47 @@
 """The sweeper: re-dispatch the cursor of any turn that stopped moving.
 
 A lost message, a dead worker or a broken chord then costs a delay, never
-a conversation. Re-dispatching is safe because every task is idempotent.
-It also finishes stops: a job marked stopping whose turn still runs (the
-stopping process died midway), and a job past its wall-time budget whose
+a conversation. Re-dispatching is safe because every task is idempotent,
+and it is rare because the sweeper first looks in the broker: a task of
+the position still waiting in a queue (or just handed to a worker) is
+merely late, not lost. Each further re-dispatch of one position waits
+twice as long as the last, and past ``max_redispatches`` the turn fails.
+
+Each sweep also drops the broker's phantom work (unacknowledged messages
+of a dead worker whose position is already done) and starts the next
+queued message of any idle conversation whose dequeue was lost. It also
+finishes stops: a job marked stopping whose turn still runs (the stopping
+process died midway), and a job past its wall-time budget whose
 ``chorus.deadline`` task was lost.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from orchestrator import registry
-from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
+from orchestrator.celery_conf import QUEUES
+from orchestrator.engine.actions import (
+    Action,
+    Revoke,
+    RunSegment,
+    RunStep,
+    ToolTask,
+    advance_task_id,
+    position_of,
+    step_task_id,
+)
+from orchestrator.engine.broker import BrokerView, Delivered
 from orchestrator.engine.budget import wall_time_left
 from orchestrator.engine.cancel import deadline, resume_stop
+from orchestrator.engine.cursor import finish_turn, is_current
+from orchestrator.engine.inbox import waiting_inboxes
 from orchestrator.engine.subagents import is_subagent_call
 from orchestrator.errors import ChorusError, UnknownToolError
 from orchestrator.runtime import Runtime
@@ -53,43 +76,173 @@ def _segment_action(session: Session, conv: Conversation, stall: float) -> Actio
         if c.started_at and c.started_at + timedelta(seconds=_tool_timeout(c.tool) + stall) > now:
             return None  # still inside its own timeout
     tasks = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.status not in CALL_FINISHED)
+    finished = [c.finished_at for c in calls if c.finished_at is not None]
+    if not tasks and finished and max(finished) + timedelta(seconds=stall) > now:
+        return None  # the last call just ended: its worker is sending the advance
     return RunSegment(conv.id, conv.turn_id, conv.cursor_step, conv.cursor_segment, tasks)
 
 
+def _position_action(session: Session, conv: Conversation, stall: float) -> Action | None:
+    """What serves the conversation's cursor now; None while it is in hand."""
+    assert conv.turn_id is not None
+    if conv.cursor_segment >= 0:
+        return _segment_action(session, conv, stall)
+    if conv.lease_until is not None and conv.lease_until > utcnow():
+        return None  # a live step holds the model-call lease
+    return RunStep(conv.id, conv.turn_id, conv.cursor_step)
+
+
+def _in_flight(broker: BrokerView, action: Action, stall: float) -> bool:
+    """Is a task of this position still waiting in the broker (or just
+    handed to a worker)? Then it is late, not lost."""
+    if isinstance(action, RunStep):
+        task_id = step_task_id(action.conversation_id, action.turn_id, action.step)
+        return broker.in_flight(task_id, QUEUES["chorus.step"], stall)
+    assert isinstance(action, RunSegment)
+    if action.calls:
+        return any(broker.in_flight(c.call_id, c.queue, stall) for c in action.calls)
+    task_id = advance_task_id(action.conversation_id, action.turn_id, action.step, action.segment)
+    return broker.in_flight(task_id, QUEUES["chorus.advance"], stall)
+
+
+def stalled_query(now: datetime, stall: float) -> SelectOfScalar[str]:
+    """Ids of running conversations whose cursor has not moved for ``stall``
+    seconds, oldest first (each one's own back-off is checked after)."""
+    return (
+        select(Conversation.id)
+        .where(
+            Conversation.state == ConversationState.RUNNING.value,
+            col(Conversation.progress_at) < now - timedelta(seconds=stall),
+            or_(  # a deferred step (retry, rate limit) is not stalled before it is due
+                col(Conversation.due_at).is_(None),
+                col(Conversation.due_at) < now - timedelta(seconds=stall),
+            ),
+        )
+        .order_by(col(Conversation.progress_at))
+    )
+
+
+def _backed_off(conv: Conversation, now: datetime, stall: float) -> bool:
+    """The n-th re-dispatch of one position waits ``stall * 2**n``."""
+    wait = timedelta(seconds=stall * 2 ** min(conv.redispatches, 30))
+    return conv.progress_at + wait > now
+
+
+def _give_up(rt: Runtime, conversation_id: str, version: int) -> list[Action]:
+    """Fail the turn whose position was re-dispatched ``max_redispatches``
+    times without moving (a subagent's failure answers its parent)."""
+    with rt.transaction() as (session, outbox):
+        conv = session.get(Conversation, conversation_id)
+        if conv is None or conv.version != version or conv.turn_id is None:
+            return []
+        turn = session.get(Turn, conv.turn_id)
+        assert turn is not None
+        where = f"step {conv.cursor_step}" + (
+            f" segment {conv.cursor_segment}" if conv.cursor_segment >= 0 else ""
+        )
+        error = (
+            f"{where} made no progress after {conv.redispatches} re-dispatches by the "
+            f"sweeper (CHORUS_MAX_REDISPATCHES={rt.settings.max_redispatches}); giving up"
+        )
+        log.warning("turn %s: %s", turn.id, error)
+        return finish_turn(session, outbox, conv, turn, TurnStatus.FAILED, error=error) or []
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A stalled position, as read from the database, and what would re-send it."""
+
+    conversation_id: str
+    version: int
+    redispatches: int
+    action: Action
+
+
+def _candidate(rt: Runtime, conversation_id: str, now: datetime) -> _Candidate | None:
+    stall = rt.settings.stall_timeout
+    with rt.session() as session:
+        conv = session.get(Conversation, conversation_id)
+        if conv is None or conv.state != ConversationState.RUNNING.value or conv.turn_id is None:
+            return None
+        if _backed_off(conv, now, stall):
+            return None
+        action = _position_action(session, conv, stall)
+    if action is None:
+        return None
+    return _Candidate(conv.id, conv.version, conv.redispatches, action)
+
+
+def _redispatch(rt: Runtime, candidate: _Candidate, now: datetime) -> list[Action]:
+    """Re-send the position, or give up on it past ``max_redispatches``;
+    nothing if its cursor moved since it was read."""
+    if candidate.redispatches >= rt.settings.max_redispatches:
+        return _give_up(rt, candidate.conversation_id, candidate.version)
+    with rt.session() as session:
+        # Restart the stall clock and count the re-dispatch; the version is
+        # untouched, so a copy already running still matches the cursor.
+        moved = session.execute(
+            update(Conversation)
+            .where(
+                col(Conversation.id) == candidate.conversation_id,
+                col(Conversation.version) == candidate.version,
+                col(Conversation.redispatches) == candidate.redispatches,
+            )
+            .values(progress_at=now, redispatches=candidate.redispatches + 1)
+        )
+        if moved.rowcount != 1:  # type: ignore[attr-defined]
+            return []
+    log.info("re-dispatching %s (re-dispatch %d)", candidate.action, candidate.redispatches + 1)
+    return [candidate.action]
+
+
+#: Tasks whose work the sweeper itself redoes once they are stale: a lost
+#: dequeue (:func:`waiting_inboxes`) and a sweep (beat sends the next one).
+_SWEEPER_COVERS = ("chorus.dequeue", "chorus.sweep")
+
+
+def _done(session: Session, task: Delivered) -> bool:
+    """Is the work of a stale delivered task done, or redone by the sweeper?"""
+    position = position_of(task.task_id)
+    if position is not None:
+        conv = session.get(Conversation, position.conversation_id)
+        return not is_current(conv, position.turn_id, position.step, position.segment)
+    if task.task in _SWEEPER_COVERS:
+        return True
+    if task.task == "chorus.tool":
+        call = session.get(ToolCallRow, task.task_id)
+        if call is None:
+            return True
+        turn = session.get(Turn, call.turn_id)
+        return (
+            call.status in CALL_FINISHED or turn is None or turn.status != TurnStatus.RUNNING.value
+        )
+    return False
+
+
 def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
-    """Find running conversations with no progress for ``stall_timeout``
-    and return their current step or segment to dispatch again."""
+    """Re-dispatch the position of each running conversation with no
+    progress for ``stall_timeout`` (and none of its tasks in the broker),
+    drop phantom broker messages, and dequeue for idle conversations with
+    waiting messages. Returns what to dispatch."""
     stall = rt.settings.stall_timeout
     now = utcnow()
-    actions: list[Action] = []
     with rt.session() as session:
-        stalled = session.exec(
-            select(Conversation)
-            .where(
-                Conversation.state == ConversationState.RUNNING.value,
-                col(Conversation.progress_at) < now - timedelta(seconds=stall),
-                or_(  # a deferred step (retry, rate limit) is not stalled before it is due
-                    col(Conversation.due_at).is_(None),
-                    col(Conversation.due_at) < now - timedelta(seconds=stall),
-                ),
-            )
-            .limit(limit)
-        ).all()
-        for conv in stalled:
-            if conv.turn_id is None:
-                continue
-            action: Action | None
-            if conv.cursor_segment < 0:
-                live_lease = conv.lease_until is not None and conv.lease_until > now
-                action = None if live_lease else RunStep(conv.id, conv.turn_id, conv.cursor_step)
-            else:
-                action = _segment_action(session, conv, stall)
-            if action is None:
-                continue
-            session.execute(  # restart the stall clock; the version is untouched
-                update(Conversation).where(col(Conversation.id) == conv.id).values(progress_at=now)
-            )
-            actions.append(action)
+        stalled = session.exec(stalled_query(now, stall).limit(limit)).all()
+    candidates = [c for cid in stalled if (c := _candidate(rt, cid, now)) is not None]
+    # The broker is read after the database: a task sent after the state we
+    # read (its sender commits, then sends) is already in a queue, or the
+    # message of the task that sent it is still unacknowledged. The queues
+    # are read only when something may need re-sending.
+    broker = BrokerView.read(rt, sorted(set(QUEUES.values())) if candidates else ())
+    actions: list[Action] = []
+    for candidate in candidates:
+        if not _in_flight(broker, candidate.action, stall):
+            actions.extend(_redispatch(rt, candidate, now))
+    with rt.session() as session:
+        dropped = broker.drop_stale(stall, lambda task: _done(session, task))
+    if dropped:
+        log.info("dropped %d unacknowledged broker messages of finished work", dropped)
+    actions.extend(waiting_inboxes(rt, stall, limit))
     return actions + _finish_stops(rt, limit)
 
 

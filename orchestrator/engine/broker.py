@@ -1,0 +1,170 @@
+"""What the Redis broker holds: the sweeper's view of queued and delivered tasks.
+
+Kombu's Redis transport keeps each queue as a list of JSON messages
+(``<prefix><queue>``, one more list per priority step) and every message
+delivered but not yet acknowledged in the ``<prefix>unacked`` hash, with
+its delivery time in the ``<prefix>unacked_index`` sorted set. The prefix
+is the ``global_keyprefix`` of :func:`orchestrator.celery_conf.celery_config`.
+A task's id is in its message's headers (Celery protocol 2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+import redis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+from orchestrator.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+#: Messages read from each queue list per round trip.
+_CHUNK = 1000
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """A message in the ``unacked`` hash: a worker took it and has not acked."""
+
+    tag: str
+    task_id: str
+    task: str
+    at: float  # epoch seconds of the delivery
+
+
+def _headers(raw: Any) -> dict[str, Any]:
+    try:
+        message = json.loads(raw) if isinstance(raw, str | bytes) else raw
+        headers = message.get("headers") or {}
+    except (ValueError, AttributeError):
+        return {}
+    return headers if isinstance(headers, dict) else {}
+
+
+@cache
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def _eta(headers: dict[str, Any]) -> float:
+    """When a countdown task is due (epoch seconds); 0 without an ETA."""
+    eta = headers.get("eta")
+    if not isinstance(eta, str):
+        return 0.0
+    try:
+        return datetime.fromisoformat(eta).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def broker_client(rt: Runtime) -> redis.Redis | None:
+    """A client of the broker's Redis; None when the broker is not Redis
+    (then the sweeper cannot look into it and re-dispatches on time alone)."""
+    url = rt.settings.broker_url or rt.settings.redis_url
+    if url is None or not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    return rt.redis if url == rt.settings.redis_url else _client(url)
+
+
+@dataclass
+class BrokerView:
+    """One sweep's snapshot of the broker: ids waiting in queues, and
+    messages delivered to workers and not acknowledged."""
+
+    client: redis.Redis | None
+    prefix: str
+    queued: set[str] = field(default_factory=set)
+    delivered: list[Delivered] = field(default_factory=list)
+    _latest: dict[str, float] = field(default_factory=dict)  # task id -> last delivery
+    _scanned: set[str] = field(default_factory=set)
+
+    @classmethod
+    def read(cls, rt: Runtime, queues: Iterable[str]) -> BrokerView:
+        """Read ``queues`` first, then the unacked hash: a message a worker
+        takes meanwhile moves from a list to the hash, and is seen in one."""
+        view = cls(broker_client(rt), f"{rt.settings.redis_prefix}:")
+        if view.client is not None:
+            for queue in queues:
+                view._scan_queue(queue)
+            view._read_unacked()
+        return view
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def _read_unacked(self) -> None:
+        assert self.client is not None
+        scored: Any = self.client.zrange(
+            self._key(Channel.unacked_index_key), 0, -1, withscores=True
+        )
+        times: dict[str, float] = dict(scored)
+        stored: dict[str, str] = self.client.hgetall(self._key(Channel.unacked_key))  # type: ignore[assignment]
+        for tag, value in stored.items():
+            try:
+                raw = json.loads(value)[0]
+            except (ValueError, IndexError, TypeError):
+                continue
+            headers = _headers(raw)
+            task_id = headers.get("id")
+            if isinstance(task_id, str):
+                at = times.get(tag, time.time())
+                self.delivered.append(Delivered(tag, task_id, str(headers.get("task", "")), at))
+                # A worker holds a countdown task until its ETA: it is live until then.
+                live = max(at, _eta(headers))
+                self._latest[task_id] = max(live, self._latest.get(task_id, live))
+
+    def _scan_queue(self, queue: str) -> None:
+        """Read the ids of every message waiting in ``queue`` (once per view)."""
+        if self.client is None or queue in self._scanned:
+            return
+        self._scanned.add(queue)
+        for step in PRIORITY_STEPS:
+            key = self._key(f"{queue}{Channel.sep}{step}" if step else queue)
+            start = 0
+            while True:
+                chunk: list[str] = self.client.lrange(key, start, start + _CHUNK - 1)  # type: ignore[assignment]
+                for raw in chunk:
+                    task_id = _headers(raw).get("id")
+                    if isinstance(task_id, str):
+                        self.queued.add(task_id)
+                if len(chunk) < _CHUNK:
+                    break
+                start += _CHUNK
+
+    def in_flight(self, task_id: str, queue: str, within: float) -> bool:
+        """Is a copy of ``task_id`` waiting in ``queue``, or was one handed to
+        a worker less than ``within`` seconds ago, or before its ETA (a
+        live worker may be about to run it)?"""
+        self._scan_queue(queue)
+        if task_id in self.queued:
+            return True
+        return self._latest.get(task_id, 0.0) > time.time() - within
+
+    def drop_stale(self, older_than: float, is_done: Callable[[Delivered], bool]) -> int:
+        """Remove delivered, unacknowledged messages older than
+        ``older_than`` seconds whose work ``is_done``: without this Redis
+        would hand them out again after the visibility timeout, as phantom
+        work. Returns how many were removed."""
+        if self.client is None:
+            return 0
+        ceiling = time.time() - older_than
+        stale = [d for d in self.delivered if d.at < ceiling and is_done(d)]
+        if stale:
+            self._remove(d.tag for d in stale)
+        return len(stale)
+
+    def _remove(self, tags: Iterable[str]) -> None:
+        assert self.client is not None
+        pipe = self.client.pipeline()
+        for tag in tags:
+            pipe.zrem(self._key(Channel.unacked_index_key), tag)
+            pipe.hdel(self._key(Channel.unacked_key), tag)
+        pipe.execute()

@@ -1,0 +1,351 @@
+"""The sweeper tells late work from lost work, gives up on a position that
+never moves, drops phantom broker messages and finds stranded queued
+messages.
+
+Each test runs on its own Redis key prefix (its own broker queues) with
+its own worker processes, so the session's workers cannot serve its tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import func
+from sqlmodel import select
+
+from orchestrator import Client, Settings, engine
+from orchestrator.dispatch import dispatch
+from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment, RunStep
+from orchestrator.engine.step import new_lease_owner
+from orchestrator.errors import JobFailedError
+from orchestrator.store.tables import EventRow, ToolCallRow, Turn
+from schemas import EventName, JobRequest
+from tests.conftest import WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+Private = Callable[..., tuple[Settings, Client]]
+
+
+@pytest.fixture
+def private(settings: Settings) -> Iterator[Private]:
+    """Settings and a client on a fresh key prefix (removed with the session's)."""
+    clients: list[Client] = []
+
+    def make(**overrides: Any) -> tuple[Settings, Client]:
+        own = settings.model_copy(
+            update={"redis_prefix": f"{settings.redis_prefix}-{uuid.uuid4().hex[:6]}", **overrides}
+        )
+        clients.append(Client(own))
+        return own, clients[-1]
+
+    yield make
+    for c in clients:
+        c.close()
+
+
+class Sweeper:
+    """Runs the sweep the way ``chorus.sweep`` does, keeping what it sent."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.sent: list[Action] = []
+
+    def once(self) -> list[Action]:
+        actions = engine.sweep(self.client.runtime)
+        dispatch(self.client.celery, actions)
+        self.sent.extend(actions)
+        return actions
+
+
+@contextmanager
+def sweeping(client: Client, every: float = 0.3) -> Iterator[Sweeper]:
+    sweeper = Sweeper(client)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every):
+            sweeper.once()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield sweeper
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+@contextmanager
+def running(*workers: WorkerProcess, client: Client) -> Iterator[None]:
+    try:
+        for w in workers:
+            w.wait_ready(client)
+        yield
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def _unacked_task_ids(client: Client) -> set[str]:
+    stored = client.runtime.redis.hgetall(f"{client.settings.redis_prefix}:unacked")
+    return {json.loads(v)[0]["headers"]["id"] for v in stored.values()}  # type: ignore[union-attr]
+
+
+def _model_calls_per_step(client: Client, turn_ids: list[str]) -> list[int]:
+    with client.runtime.session() as s:
+        rows = s.exec(
+            select(EventRow.turn_id, EventRow.step, func.count())
+            .where(
+                EventRow.name == EventName.LLM_REQUESTED.value,
+                EventRow.turn_id.in_(turn_ids),  # type: ignore[union-attr]
+            )
+            .group_by(EventRow.turn_id, EventRow.step)
+        ).all()
+    return [n for _turn, _step, n in rows]
+
+
+def test_work_waiting_in_a_busy_queue_is_not_re_dispatched(private: Private) -> None:
+    # Given a 2-slot llm worker, a 0.5 s model and a stall timeout of 3 s
+    settings, client = private(stall_timeout=3.0)
+    llm = WorkerProcess(settings, "busy-llm", "-Q", "llm,control", "-P", "threads", "-c", "2")
+    with running(llm, client=client), sweeping(client) as sweeper:
+        # When 32 jobs queue up (the last waits about 8 s, over two stall timeouts)
+        jobs = [client.submit("sweep-slow", f"q{i}") for i in range(32)]
+        answers = [job.result(timeout=180) for job in jobs]
+
+    # Then each completes, the sweeper sent nothing, and the model was called once a step
+    assert answers == [f"slow: q{i}" for i in range(32)]
+    assert sweeper.sent == []
+    assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 32
+
+
+def test_a_step_a_worker_holds_until_its_countdown_is_not_re_dispatched(
+    private: Private,
+) -> None:
+    # Given one model call per 8 s for the tenant, and a stall timeout of 3 s
+    settings, client = private(stall_timeout=3.0)
+    llm = WorkerProcess(settings, "wait-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
+    tenant = {"tenant": uuid.uuid4().hex}
+    with running(llm, client=client), sweeping(client) as sweeper:
+        # When three jobs arrive at once (the last is deferred about 16 s,
+        # its task held by the worker until its countdown ends)
+        jobs = [client.submit("sweep-deferred", f"d{i}", context_data=tenant) for i in range(3)]
+        answers = [job.result(timeout=120) for job in jobs]
+
+    # Then the sweeper sent nothing, and the model was called once a job
+    assert sorted(answers) == [f"deferred: d{i}" for i in range(3)]
+    assert sweeper.sent == []
+    assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 3
+
+
+def test_tool_calls_waiting_in_a_busy_tools_queue_are_not_re_dispatched(
+    private: Private,
+) -> None:
+    # Given a 2-process tools worker, 2-second tools and a stall timeout of 3 s
+    settings, client = private(stall_timeout=3.0)
+    llm = WorkerProcess(settings, "busy-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
+    tools = WorkerProcess(settings, "busy-tools", "-Q", "tools", "-P", "prefork", "-c", "2")
+    with running(llm, tools, client=client), sweeping(client) as sweeper:
+        # When 8 jobs of 2 calls each queue up (the last calls wait about 14 s)
+        jobs = [client.submit("fragile-batch", f"b{i}") for i in range(8)]
+        for job in jobs:
+            job.result(timeout=180)
+
+    # Then the sweeper sent nothing, and every call and model step ran once
+    assert sweeper.sent == []
+    calls = [c for job in jobs for c in _calls(client, job.id)]
+    assert len(calls) == 16
+    assert all(c.status == "completed" and c.attempts == 1 for c in calls)
+    assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 16
+
+
+def test_a_position_lost_every_time_fails_its_turn(private: Private) -> None:
+    # Given no worker on this prefix, so every step task sent is lost (purged)
+    settings, client = private(stall_timeout=1.0, max_redispatches=3)
+    llm_queue = f"{settings.redis_prefix}:llm"
+    job = client.submit("quick", "never answered")
+    client.runtime.redis.delete(llm_queue)
+
+    # When the sweeper runs until the turn ends, each of its copies lost too
+    sweeper = Sweeper(client)
+    deadline = time.monotonic() + 90
+    while client.job(job.id).status().status.value == "running":
+        assert time.monotonic() < deadline, "the turn never ended"
+        sweeper.once()
+        client.runtime.redis.delete(llm_queue)
+        time.sleep(0.2)
+
+    # Then it re-sent the step max_redispatches times, backing off, and failed
+    # the turn (whose end lets the conversation's next message start)
+    assert [type(a) for a in sweeper.sent] == [RunStep] * 3 + [Dequeue]
+    with pytest.raises(JobFailedError, match="no progress after 3 re-dispatches"):
+        job.result(timeout=5)
+    names = [e.name for e in job.events(timeout=5)]
+    assert names[-1] == EventName.TURN_FAILED
+
+
+def test_a_child_given_up_on_answers_its_parent(private: Private) -> None:
+    # Given a lead whose subagent's first step is lost every time (the engine
+    # is driven directly and the child's step is never run)
+    _settings, client = private(stall_timeout=1.0, max_redispatches=1)
+    rt = client.runtime
+    ref, _ = engine.start_turn(rt, JobRequest(agent="careful-lead", input="go"))
+    (segment,) = engine.run_step(rt, ref.conversation_id, ref.job_id, 0, new_lease_owner())
+    assert isinstance(segment, RunSegment)
+    for call in segment.calls:
+        engine.run_tool(rt, call.call_id)  # ``add`` answers; the child starts, its step is lost
+
+    # When the sweeper re-sends the child's step (lost again) and then gives up
+    sent: list[Action] = []
+    deadline = time.monotonic() + 60
+    while not any(isinstance(a, RunAdvance) for a in sent):
+        assert time.monotonic() < deadline, "the sweeper never gave up on the child"
+        sent.extend(engine.sweep(rt))
+        time.sleep(0.2)
+
+    # Then the child's turn failed, and its failure is the parent's tool result
+    assert [type(a) for a in sent] == [RunStep, RunAdvance]
+    (advance,) = [a for a in sent if isinstance(a, RunAdvance)]
+    (step,) = engine.advance(rt, advance.conversation_id, advance.turn_id, 0, 0)
+    assert isinstance(step, RunStep)
+    engine.run_step(rt, ref.conversation_id, ref.job_id, 1, new_lease_owner())
+    job = client.job(ref.job_id)
+    answer = job.result(timeout=5)
+    assert "no progress after 1 re-dispatches" in answer and "3" in answer
+    calls = _calls(client, ref.job_id)
+    child = next(c for c in calls if c.tool == "subagent__failing-child")
+    assert child.status == "failed" and child.is_error
+
+
+def test_a_step_waiting_in_an_unserved_queue_is_left_alone(private: Private) -> None:
+    # Given a step whose task waits in a queue no worker consumes
+    _settings, client = private(stall_timeout=1.0)
+    job = client.submit("quick", "waiting")
+    sweeper = Sweeper(client)
+
+    # When the sweeper runs for well past several stall timeouts
+    end = time.monotonic() + 4
+    while time.monotonic() < end:
+        sweeper.once()
+        time.sleep(0.2)
+
+    # Then it sent nothing: the task is late, not lost
+    assert sweeper.sent == []
+    assert client.job(job.id).status().status.value == "running"
+
+
+def test_stale_unacked_messages_of_finished_work_are_dropped(private: Private) -> None:
+    # Given a batch running on a tools worker
+    settings, client = private(stall_timeout=3.0)
+    llm = WorkerProcess(settings, "sw-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
+    tools = WorkerProcess(settings, "sw-tools", "-Q", "tools", "-P", "prefork", "-c", "2")
+    spare = None
+    try:
+        with running(llm, tools, client=client):
+            job = client.submit("fragile-batch", "go")
+            deadline = time.monotonic() + 60
+            while sum(c.status == "running" for c in _calls(client, job.id)) < 2:
+                assert time.monotonic() < deadline, "the batch never started"
+                time.sleep(0.05)
+
+            # When the whole tools worker is SIGKILLed: its messages stay unacked
+            os.killpg(tools.proc.pid, signal.SIGKILL)
+            tools.proc.wait(10)
+            call_ids = {c.id for c in _calls(client, job.id)}
+            assert call_ids <= _unacked_task_ids(client)
+            spare = WorkerProcess(settings, "sw-tools2", "-Q", "tools", "-P", "prefork", "-c", "2")
+            spare.wait_ready(client)
+
+            # and the sweeper recovers the batch
+            with sweeping(client):
+                job.result(timeout=120)
+                # Then once they are older than the stall timeout, the dead
+                # worker's messages are gone (nothing is redelivered later)
+                # and no other message is left unacknowledged
+                deadline = time.monotonic() + 60
+                while _unacked_task_ids(client):
+                    assert time.monotonic() < deadline, _unacked_task_ids(client)
+                    time.sleep(0.3)
+    finally:
+        if spare is not None:
+            spare.stop()
+    assert all(c.status == "completed" for c in _calls(client, job.id))
+
+
+def _calls(client: Client, turn_id: str) -> list[ToolCallRow]:
+    with client.runtime.session() as s:
+        return list(s.exec(select(ToolCallRow).where(ToolCallRow.turn_id == turn_id)).all())
+
+
+def _turns(client: Client, conversation_id: str) -> list[Turn]:
+    with client.runtime.session() as s:
+        return list(s.exec(select(Turn).where(Turn.conversation_id == conversation_id)).all())
+
+
+def _lose_dequeues(client: Client) -> None:
+    client.runtime.redis.delete(f"{client.settings.redis_prefix}:control")
+
+
+def test_a_message_whose_dequeue_was_lost_starts_one_turn(private: Private) -> None:
+    # Given an idle conversation, and no worker consuming the control queue
+    settings, client = private(stall_timeout=1.0)
+    llm_only = WorkerProcess(settings, "sw-llm", "-Q", "llm", "-P", "threads", "-c", "2")
+    with running(llm_only, client=client):
+        first = client.submit("quick", "hello")
+        first.result(timeout=60)
+        conversation_id = first.conversation_id
+        _lose_dequeues(client)
+
+        # When a message is sent and its dequeue is lost
+        entry = client.send(conversation_id, "are you there?")
+        _lose_dequeues(client)
+    control = WorkerProcess(settings, "sw-all", "-Q", "llm,control", "-P", "threads", "-c", "2")
+    with running(control, client=client), sweeping(client) as sweeper:
+        # Then the sweeper dequeues it and it starts exactly one turn
+        deadline = time.monotonic() + 60
+        while (job := client.job_for_message(conversation_id, entry)) is None:
+            assert time.monotonic() < deadline, "the message was never dequeued"
+            time.sleep(0.2)
+        assert job.result(timeout=60) == "ok: are you there?"
+        time.sleep(3)  # more sweeps start nothing more
+    assert any(isinstance(a, Dequeue) for a in sweeper.sent)
+    assert len(_turns(client, conversation_id)) == 2
+
+
+def test_messages_lost_with_redis_data_are_re_queued_from_postgres(private: Private) -> None:
+    # Given a busy conversation with two queued messages, and no worker at all
+    settings, client = private(stall_timeout=1.0)
+    job = client.submit("quick", "first")
+    conversation_id = job.conversation_id
+    entries = [client.send(conversation_id, text) for text in ("second", "third")]
+
+    # When Redis loses everything under the prefix (restarted without persistence)
+    redis = client.runtime.redis
+    keys = list(redis.scan_iter(match=f"{settings.redis_prefix}:*"))
+    redis.delete(*keys)
+
+    # Then, with a worker and the sweeper, the turn is re-run and each message
+    # starts exactly one turn, in order
+    worker = WorkerProcess(settings, "sw-all", "-Q", "llm,control", "-P", "threads", "-c", "2")
+    with running(worker, client=client), sweeping(client):
+        assert job.result(timeout=90) == "ok: first"
+        found = []
+        for entry in entries:
+            deadline = time.monotonic() + 60
+            while (queued := client.job_for_message(conversation_id, entry)) is None:
+                assert time.monotonic() < deadline, "a queued message was lost"
+                time.sleep(0.2)
+            found.append(queued.result(timeout=60))
+        time.sleep(3)
+    assert found == ["ok: second", "ok: third"]
+    assert len(_turns(client, conversation_id)) == 3
