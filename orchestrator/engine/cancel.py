@@ -191,6 +191,9 @@ def _finish(rt: Runtime, job: Turn) -> tuple[list[str], list[Action]]:
         running = retrying("listing the tree's turns", lambda: _running(rt, job))
         if not running:
             return revoke, actions
+        # the job's own turn ends only once a fresh read finds nothing else
+        # running, so its end is the tree's last event
+        running = [t for t in running if t.id != job.id] or running
         for turn in running:
             end = functools.partial(_end_turn, rt, turn.id, status, reason)
             calls, nxt = retrying("ending a stopped turn", end)

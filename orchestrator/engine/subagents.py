@@ -92,15 +92,22 @@ def _take_child_slot(rt: Runtime, session: Session, parent: Conversation, turn: 
             f"subagent depth limit reached ({rt.settings.max_depth} levels below the root)",
             ["depth"],
         )
+    job_id = turn.job_id or turn.id
     taken = session.execute(
         update(Turn)
         .where(
-            col(Turn.id) == (turn.job_id or turn.id),
+            col(Turn.id) == job_id,
             col(Turn.tree_children) < rt.settings.max_children,
+            # a stop marked since this call was claimed: no new child (the
+            # stop could otherwise end the job's turn before this child)
+            col(Turn.stop_status).is_(None),
         )
         .values(tree_children=col(Turn.tree_children) + 1)
     )
     if taken.rowcount != 1:  # type: ignore[attr-defined]
+        job = session.get(Turn, job_id)
+        if job is not None and job.stop_status is not None:
+            raise InvalidRequestError("the job is being stopped; no new subagent", ["job"])
         raise InvalidRequestError(
             f"subagent limit reached ({rt.settings.max_children} children in this job)",
             ["children"],

@@ -82,7 +82,8 @@ def test_fanout_of_200_children_and_the_fanout_limit(client: Client, workers: An
     refused = [c for c in calls if c.is_error]
     assert len(done) == 200 and all(c.result == f"done t{c.position}" for c in done)
     assert len(refused) == 1 and "subagent limit reached (200" in refused[0].result
-    assert "done t199" in answer and "subagent limit reached" in answer
+    # which of the parallel calls comes last to the limit is a race
+    assert answer.count("done t") == 200 and "subagent limit reached" in answer
     assert len([t for t in _turns(client, root_id=job.root_id) if t.parent_call_id]) == 200
 
 
