@@ -53,6 +53,7 @@ class _Planned:
     tool_calls: list[tuple[str, str, str]] = field(default_factory=list)  # (id, name, args)
     usage: tuple[int, int] | None = None
     chunk_delay: float = 0.0
+    delay: float = 0.0
     reasoning: str = ""
     error: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -141,6 +142,7 @@ class LoopbackLLM:
         usage: tuple[int, int] | None = None,
         chunk_delay: float = 0.0,
         reasoning: str = "",
+        delay: float = 0.0,
     ) -> None:
         """Answer the next request with assistant text.
 
@@ -150,8 +152,11 @@ class LoopbackLLM:
             chunk_delay: Seconds to sleep before each streamed chunk.
             reasoning: Streamed first as ``reasoning_content`` deltas (as
                 DeepSeek/vLLM do); sent as ``reasoning_content`` when not streaming.
+            delay: Seconds to wait before answering at all (no byte is sent meanwhile).
         """
-        planned = _Planned(text=text, usage=usage, chunk_delay=chunk_delay, reasoning=reasoning)
+        planned = _Planned(
+            text=text, usage=usage, chunk_delay=chunk_delay, reasoning=reasoning, delay=delay
+        )
         self._push(planned)
 
     def enqueue_tool_calls(
@@ -161,14 +166,19 @@ class LoopbackLLM:
         text: str = "",
         usage: tuple[int, int] | None = None,
         chunk_delay: float = 0.0,
+        delay: float = 0.0,
     ) -> None:
         """Answer the next request with tool calls (and optional text first).
 
         Each call streams as a chunk with id and name, then its arguments in
         three pieces, like OpenAI. Ids are ``call_<uuid hex>`` unless given.
+        ``delay`` is seconds to wait before answering at all.
         """
         resolved = [_resolve_call(c) for c in calls]
-        self._push(_Planned(text=text, tool_calls=resolved, usage=usage, chunk_delay=chunk_delay))
+        planned = _Planned(
+            text=text, tool_calls=resolved, usage=usage, chunk_delay=chunk_delay, delay=delay
+        )
+        self._push(planned)
 
     def enqueue_error(
         self,
@@ -250,6 +260,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
             return
         planned = self.owner._pop()
+        if planned is not None and planned.delay:
+            time.sleep(planned.delay)  # a provider thinking before its first byte
         if planned is None:
             error = {"message": "loopback: no response queued", "type": "invalid_request_error"}
             self._json(400, {"error": error})
