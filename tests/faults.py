@@ -32,8 +32,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import col, select
 
 from orchestrator import Client, Settings
+from orchestrator.keys import inbox
 from orchestrator.store.migrate import upgrade
-from orchestrator.store.tables import EventRow, ToolCallRow, Turn
+from orchestrator.store.tables import Conversation, EventRow, ToolCallRow, Turn
 from schemas import EventName, TurnStatus
 from tests.agents import CHAOS_CALLS_FILE
 from tests.conftest import ROOT, TEST_MODULES, WorkerProcess, worker_env
@@ -145,10 +146,15 @@ class Fleet:
             self._start(role)
 
     def kill_loop(self, kills: int, interval: float, rng: random.Random) -> None:
-        """Kill a random worker every ``interval`` seconds, ``kills`` times."""
+        """Kill a random worker every ``interval`` seconds, ``kills`` times;
+        each worker is killed as often as the others, in a random order."""
+        roles: list[str] = []
         for _ in range(kills):
+            if not roles:
+                roles = sorted(self.procs)
+                rng.shuffle(roles)
             time.sleep(interval)
-            self.kill(rng.choice(sorted(self.procs)))
+            self.kill(roles.pop())
 
     def supervise(self) -> None:
         """Restart whatever exited (a worker or beat that lost its broker, say)."""
@@ -223,9 +229,31 @@ def wait_turns(
         if time.monotonic() > deadline:
             raise AssertionError(
                 f"after {timeout:.0f}s: {len(seen)} of {expected} turns exist, "
-                f"statuses {dict(Counter(seen))}"
+                f"statuses {dict(Counter(seen))}\n{_stuck(client, conversation_ids)}"
             )
         time.sleep(0.5)
+
+
+def _stuck(client: Client, conversation_ids: Sequence[str]) -> str:
+    """Where each unfinished conversation stands, and its queued messages."""
+    lines = []
+    with client.runtime.session() as s:
+        convs = s.exec(select(Conversation).where(col(Conversation.id).in_(conversation_ids)))
+        for c in convs:
+            queued = client.runtime.redis.xlen(inbox(client.settings.redis_prefix, c.id))
+            if c.state == "idle" and not queued:
+                continue
+            calls = s.exec(
+                select(ToolCallRow.step, ToolCallRow.segment, ToolCallRow.status).where(
+                    ToolCallRow.turn_id == c.turn_id
+                )
+            ).all()
+            lines.append(
+                f"  conversation {c.id} {c.state} turn {c.turn_id} cursor "
+                f"{c.cursor_step}/{c.cursor_segment} lease {c.lease_until} progress "
+                f"{c.progress_at} queued {queued}; calls {sorted(calls)}"
+            )
+    return "\n".join(lines)
 
 
 def wait_for_running_tools(client: Client, conversation_ids: Sequence[str], timeout: float) -> None:

@@ -47,13 +47,17 @@ from tests.services import Services
 
 pytestmark = pytest.mark.integration
 
+LLM_WORKER = ("-Q", "llm,control", "-P", "threads", "-c", "8")
+TOOLS_WORKER = ("-Q", "tools", "-P", "prefork", "-c", "2")
 #: Two I/O workers and two tool workers: a kill takes out a quarter of the fleet.
 CHAOS_FLEET = {
-    "llm-a": ("-Q", "llm,control", "-P", "threads", "-c", "8"),
-    "llm-b": ("-Q", "llm,control", "-P", "threads", "-c", "8"),
-    "tools-a": ("-Q", "tools", "-P", "prefork", "-c", "2"),
-    "tools-b": ("-Q", "tools", "-P", "prefork", "-c", "2"),
+    "llm-a": LLM_WORKER,
+    "llm-b": LLM_WORKER,
+    "tools-a": TOOLS_WORKER,
+    "tools-b": TOOLS_WORKER,
 }
+#: The default run's fleet: one of each (fewer processes to start on a busy machine).
+SMALL_FLEET = {"llm": LLM_WORKER, "tools": ("-Q", "tools", "-P", "prefork", "-c", "3")}
 TOOLS_PER_TURN = 4  # 3 parallel + 1 barrier
 
 
@@ -72,7 +76,9 @@ def _chaos_run(
     """Submit ``conversations``, send ``messages`` spread over ``window``
     seconds while ``kills`` workers are killed over the same window, wait
     for every turn and account for it."""
-    rng = random.Random(tag)
+    seed = random.randrange(1 << 30)
+    print(f"\n[faults] {tag}: random seed {seed}")
+    rng, kill_rng = random.Random(seed), random.Random(seed + 1)
     began = time.monotonic()
     inputs = [f"{tag}-c{i}" for i in range(conversations)]
     jobs = [client.submit("chaos", text) for text in inputs]
@@ -80,7 +86,7 @@ def _chaos_run(
     kills_before = fleet.kills
     killer = None
     if kills:
-        killer = threading.Thread(target=fleet.kill_loop, args=(kills, window / kills, rng))
+        killer = threading.Thread(target=fleet.kill_loop, args=(kills, window / kills, kill_rng))
         killer.start()
     sent = []
     for k in range(messages):
@@ -104,6 +110,7 @@ def _chaos(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     *,
+    workers: dict[str, tuple[str, ...]],
     conversations: int,
     kills: int,
     messages: int,
@@ -112,7 +119,7 @@ def _chaos(
     monkeypatch.setenv("CHORUS_TEST_CHAOS_TOOL_SECONDS", "1.0")
     with (
         isolated_settings(services, tmp_path) as settings,
-        running_fleet(settings, CHAOS_FLEET) as (client, fleet),
+        running_fleet(settings, workers) as (client, fleet),
     ):
         size: dict[str, Any] = dict(
             conversations=conversations, messages=messages, window=window, timeout=window + 240
@@ -135,7 +142,16 @@ def _chaos(
 def test_kill9_workers_during_fanout_runs_reduced(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _chaos(services, tmp_path, monkeypatch, conversations=12, kills=4, messages=6, window=20.0)
+    _chaos(
+        services,
+        tmp_path,
+        monkeypatch,
+        workers=SMALL_FLEET,
+        conversations=10,
+        kills=4,
+        messages=5,
+        window=16.0,
+    )
 
 
 @pytest.mark.slow
@@ -143,7 +159,16 @@ def test_kill9_workers_during_fanout_runs_reduced(
 def test_kill9_workers_during_fanout_runs_full(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _chaos(services, tmp_path, monkeypatch, conversations=100, kills=50, messages=50, window=150.0)
+    _chaos(
+        services,
+        tmp_path,
+        monkeypatch,
+        workers=CHAOS_FLEET,
+        conversations=100,
+        kills=50,
+        messages=50,
+        window=150.0,
+    )
 
 
 # -- (b) a silent model call longer than the lease and the visibility timeout --
@@ -212,41 +237,31 @@ def _service_run(client: Client, fleet: Fleet, settings: Settings, tag: str, out
     assert figures.duplicates == [] and figures.lost == [], figures.line()
 
 
-@pytest.mark.timeout(300)
-def test_redis_restarted_mid_run(
+@pytest.mark.timeout(360)
+def test_redis_and_postgres_restarted_mid_run(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CHORUS_TEST_CHAOS_TOOL_SECONDS", "2.0")
-    # Given a fleet on a Redis of its own, persisted with AOF as compose runs it
+    # Given a fleet on a Redis of its own, persisted with AOF as compose runs
+    # it, and on a Postgres cluster of its own
     with (
-        PrivateRedis(tmp_path / "redis") as server,
-        isolated_settings(services, tmp_path, redis_url=server.url) as settings,
+        PrivateRedis(tmp_path / "redis") as redis_server,
+        PrivateCluster() as cluster,
+        isolated_settings(
+            services, tmp_path, redis_url=redis_server.url, database_url=cluster.url
+        ) as settings,
         running_fleet(settings, ONE_WORKER) as (client, fleet),
     ):
 
         def restart_redis() -> None:
-            server.kill()
+            redis_server.kill()
             time.sleep(2)
-            server.start()
+            redis_server.start()
 
         # When Redis is killed while tools run, and comes back 2 s later
         # Then every job completes, each tool call with one result
         _service_run(client, fleet, settings, "redis", restart_redis)
-
-
-@pytest.mark.timeout(300)
-def test_postgres_restarted_mid_run(
-    services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("CHORUS_TEST_CHAOS_TOOL_SECONDS", "2.0")
-    # Given a fleet on a Postgres cluster of its own
-    with (
-        PrivateCluster() as cluster,
-        isolated_settings(services, tmp_path, database_url=cluster.url) as settings,
-        running_fleet(settings, ONE_WORKER) as (client, fleet),
-    ):
-        # When Postgres restarts while tools run
-        # Then every job completes, each tool call with one result
+        # When Postgres restarts while tools run: the same
         _service_run(client, fleet, settings, "postgres", cluster.restart)
 
 
