@@ -406,7 +406,9 @@ def _note_model_call(messages: list[dict[str, Any]]) -> None:
         f.write(f"{first}\t{steps}\n")
 
 
-@tool
+# A short timeout: the sweeper leaves a running call alone for its timeout
+# (plus the stall timeout), so a call killed with its worker is re-run soon.
+@tool(timeout=10.0)
 def chaos_work(label: str, seconds: float = 1.0) -> dict[str, Any]:
     """Sleep, then report (a parallel tool).
 
@@ -417,7 +419,7 @@ def chaos_work(label: str, seconds: float = 1.0) -> dict[str, Any]:
     return _slept(label, seconds)
 
 
-@tool(parallelizable=False)
+@tool(parallelizable=False, timeout=10.0)
 def chaos_barrier(label: str, seconds: float = 0.5) -> dict[str, Any]:
     """Sleep alone, then report (a barrier).
 

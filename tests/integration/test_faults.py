@@ -122,7 +122,7 @@ def _chaos(
         running_fleet(settings, workers) as (client, fleet),
     ):
         size: dict[str, Any] = dict(
-            conversations=conversations, messages=messages, window=window, timeout=window + 240
+            conversations=conversations, messages=messages, window=window, timeout=window + 150
         )
         # Given a baseline of the same size with no fault
         calm = _chaos_run(client, fleet, settings, tag="calm", kills=0, **size)
