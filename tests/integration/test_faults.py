@@ -215,9 +215,16 @@ def test_a_silent_model_call_longer_than_the_lease_is_made_once(
             f"\n[faults] silent call: {SILENCE:.0f}s silence, {received} requests, {seconds:.1f}s"
         )
 
-    # Then the provider got the slow request exactly once, and the turn completed
+    # Then the provider got the slow request exactly once: the second request
+    # is the tool round after it, not a copy of it
     assert received == 2, f"the provider received {received} requests, not 2 ({answer})"
+    second = server.requests[1]["messages"]
+    assert [m["content"] for m in second if m["role"] == "tool"] == ["42"], (
+        f"the second request was a re-sent copy of the silent one ({answer})"
+    )
+    # and the turn completed with the answer, after the whole silence
     assert answer == "The sum is 42."
+    assert seconds >= SILENCE
 
 
 # -- (c) Redis and Postgres restarted mid-run -----------------------------------
