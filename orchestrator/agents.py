@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from orchestrator import registry
+from orchestrator.errors import invalid
+from orchestrator.specs import check_spec
 from orchestrator.tools import Tool
 from schemas import AgentSpec, Budget, RateLimit
 
@@ -42,17 +44,21 @@ def Agent(
         model_settings: extra litellm arguments (``temperature``, ``api_base``);
             never secrets, which litellm reads from the worker's environment.
     """
-    spec = AgentSpec(
-        name=name,
-        model=model,
-        system=system,
-        tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
-        subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
-        max_steps=max_steps,
-        rate_limits=tuple(rate_limits),
-        budget=budget,
-        output_schema=output.model_json_schema() if isinstance(output, type) else output,
-        model_settings=model_settings or {},
-    )
+    try:
+        spec = AgentSpec(
+            name=name,
+            model=model,
+            system=system,
+            tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
+            subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
+            max_steps=max_steps,
+            rate_limits=tuple(rate_limits),
+            budget=budget,
+            output_schema=output.model_json_schema() if isinstance(output, type) else output,
+            model_settings=model_settings or {},
+        )
+    except ValidationError as exc:
+        raise invalid(exc, f"agent {name!r}") from None
+    check_spec(spec)
     registry.register_agent(spec)
     return spec

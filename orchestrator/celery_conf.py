@@ -20,6 +20,7 @@ QUEUES = {
     "chorus.advance": "control",
     "chorus.sweep": "control",
     "chorus.dequeue": "control",
+    "chorus.deadline": "control",
     "chorus.checkpoint": "llm",
 }
 

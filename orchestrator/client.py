@@ -17,12 +17,13 @@ from orchestrator.engine.actions import Checkpoint as CheckpointAction
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
 from orchestrator.engine.turns import TurnRef, start_turn
-from orchestrator.errors import ConversationNotFound, InvalidRequestError, JobFailedError
+from orchestrator.errors import ConversationNotFound, InvalidRequestError, JobFailedError, invalid
 from orchestrator.events import row_to_event
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.tables import Conversation, EventRow, Turn
+from orchestrator.store.values import check, problem
 from schemas import (
     TERMINAL_TURN_EVENTS,
     AgentSpec,
@@ -36,10 +37,13 @@ from schemas import (
 )
 
 
-def _invalid(exc: ValidationError) -> InvalidRequestError:
-    fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
-    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-    return InvalidRequestError(f"invalid job request: {detail}", fields)
+def _known(conversation_id: str) -> str:
+    """The id, if it could name a conversation; anything else names none."""
+    if not isinstance(conversation_id, str) or not 0 < len(conversation_id) <= 64:
+        raise ConversationNotFound(str(conversation_id)[:100])
+    if problem(conversation_id) is not None:
+        raise ConversationNotFound(conversation_id)
+    return conversation_id
 
 
 class Client:
@@ -85,19 +89,14 @@ class Client:
                 budget=budget,
             )
         except ValidationError as exc:
-            raise _invalid(exc) from None
-        if len(request.input) > self.settings.max_input_chars:
-            raise InvalidRequestError(
-                f"input: {len(request.input)} characters; the limit is "
-                f"{self.settings.max_input_chars} (CHORUS_MAX_INPUT_CHARS)",
-                ["input"],
-            )
+            raise invalid(exc, "job request") from None
         ref, actions = start_turn(self.runtime, request)
         dispatch(self.celery, actions)
         return Job(self, ref)
 
     def job(self, job_id: str) -> Job:
         """A handle on an existing job."""
+        check(job_id, "job_id")
         with self.runtime.session() as session:
             turn = session.get(Turn, job_id)
             if turn is None:
@@ -112,29 +111,35 @@ class Client:
         then starts a turn per message, in order (``message.dequeued``).
         :meth:`job_for_message` finds the job a message started.
         """
-        entry, actions = inbox.send(self.runtime, conversation_id, text)
+        entry, actions = inbox.send(self.runtime, _known(conversation_id), text)
         dispatch(self.celery, actions)
         return entry
 
     def job_for_message(self, conversation_id: str, entry_id: str) -> Job | None:
         """The job a sent message started, or None while it still waits."""
-        key = inbox.idempotency_key(conversation_id, entry_id)
+        check(entry_id, "entry_id")
+        key = inbox.idempotency_key(_known(conversation_id), entry_id)
         with self.runtime.session() as session:
             turn = session.exec(select(Turn).where(Turn.idempotency_key == key)).first()
             return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id)) if turn else None
 
     def clear_queue(self, conversation_id: str) -> int:
         """Drop the conversation's queued messages (``queue.cleared``); returns how many."""
-        return inbox.clear(self.runtime, conversation_id)
+        return inbox.clear(self.runtime, _known(conversation_id))
 
     def cancel(self, job_id: str) -> None:
         """Cancel a job and every subagent under it; safe on a finished job.
 
-        In-flight model calls stop at their next streamed chunk, queued tool
-        tasks are revoked, unfinished tool calls are recorded cancelled, and
-        every conversation of the tree goes idle (``turn.cancelled``). A tool
-        function already running finishes in its worker; its result is
-        discarded.
+        The job is first marked stopping in Postgres (its steps, tool calls
+        and advances then leave), then in-flight model calls stop at their
+        next streamed chunk and running tool tasks within half a second (the
+        function itself runs out in a background thread; its result is
+        discarded), queued tool tasks are revoked, unfinished tool calls are
+        recorded cancelled, and every conversation of the tree goes idle
+        (``turn.cancelled``). If this process dies midway, the sweeper
+        finishes the stop. Raises
+        :class:`~orchestrator.errors.ServiceUnavailableError` if Postgres or
+        Redis keep failing.
         """
         revoke, actions = cancel(self.runtime, job_id)
         if revoke:
@@ -145,26 +150,26 @@ class Client:
         """Summarize the conversation in the background (``checkpoint.started|completed``):
         later prompts hold the summary instead of the messages before it."""
         with self.runtime.session() as session:
-            if session.get(Conversation, conversation_id) is None:
+            if session.get(Conversation, _known(conversation_id)) is None:
                 raise ConversationNotFound(conversation_id)
         dispatch(self.celery, [CheckpointAction(conversation_id)])
 
     def fork(self, conversation_id: str) -> str:
         """A new conversation with a copy of this one's messages; returns its id."""
-        return conversations.fork(self.runtime, conversation_id)
+        return conversations.fork(self.runtime, _known(conversation_id))
 
     def clear(self, conversation_id: str) -> int:
         """Delete the conversation's messages; returns how many."""
-        return conversations.clear(self.runtime, conversation_id)
+        return conversations.clear(self.runtime, _known(conversation_id))
 
     def load(self, conversation_id: str, messages: list[Message] | list[dict[str, Any]]) -> int:
         """Replace the conversation's history with ``messages`` (validated)."""
-        return conversations.load(self.runtime, conversation_id, messages)
+        return conversations.load(self.runtime, _known(conversation_id), messages)
 
     def usage(self, conversation_id: str) -> Usage:
         """Tokens and cost of every model call of the conversation."""
         with self.runtime.session() as session:
-            conv = session.get(Conversation, conversation_id)
+            conv = session.get(Conversation, _known(conversation_id))
             if conv is None:
                 raise ConversationNotFound(conversation_id)
             return Usage(
@@ -176,7 +181,7 @@ class Client:
     def history(self, conversation_id: str) -> list[Message]:
         """Every stored message of the conversation, oldest first."""
         with self.runtime.session() as session:
-            if session.get(Conversation, conversation_id) is None:
+            if session.get(Conversation, _known(conversation_id)) is None:
                 raise ConversationNotFound(conversation_id)
             return load_history(session, conversation_id)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.errors import ConfigurationError
+from orchestrator.errors import InvalidRequestError
 from schemas import AgentSpec, Message, Role, TextBlock, ToolCallBlock, ToolResultBlock
 
 #: How a checkpoint's summary is shown to the model.
@@ -87,12 +87,18 @@ def apply(
 ) -> list[Message]:
     """Run the agent's chain (or ``names``) over the history."""
     for name in ctx.agent.context if names is None else names:
-        try:
-            transform = _transformers[name]
-        except KeyError:
-            raise ConfigurationError(
-                f"agent {ctx.agent.name!r} names an unknown context transformer {name!r}; "
-                f"registered: {sorted(_transformers)}"
-            ) from None
-        history = transform(history, ctx)
+        history = transformer(ctx.agent, name)(history, ctx)
     return history
+
+
+def transformer(agent: AgentSpec, name: str) -> Transformer:
+    """The transformer ``name`` that ``agent`` lists; raises
+    :class:`~orchestrator.errors.InvalidRequestError` if none is registered."""
+    try:
+        return _transformers[name]
+    except KeyError:
+        raise InvalidRequestError(
+            f"agent {agent.name!r} names an unknown context transformer {name!r}; "
+            f"registered: {sorted(_transformers)}",
+            ["context"],
+        ) from None

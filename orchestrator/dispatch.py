@@ -9,6 +9,7 @@ from celery import Celery, Signature, chain, chord, group
 from orchestrator.engine.actions import (
     Action,
     Checkpoint,
+    Deadline,
     Dequeue,
     Revoke,
     RunAdvance,
@@ -50,10 +51,18 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 queue="llm",
                 ignore_result=True,
                 argsrepr=f"conv={_short(action.conversation_id)}",
-            ).apply_async()
+            ).apply_async(countdown=action.countdown or None)
         elif isinstance(action, Revoke):
             if action.task_ids:
                 app.control.revoke(list(action.task_ids))
+        elif isinstance(action, Deadline):
+            app.signature(
+                "chorus.deadline",
+                args=(action.job_id,),
+                queue="control",
+                ignore_result=True,
+                argsrepr=f"job={_short(action.job_id)}",
+            ).apply_async(countdown=action.countdown)
         elif isinstance(action, Dequeue):
             app.signature(
                 "chorus.dequeue",

@@ -7,6 +7,7 @@
     │   ├── UnknownAgentError     agent name not registered by the workers
     │   ├── UnknownToolError      tool name not registered by the workers
     │   ├── InvalidRequestError   payload failed validation (names the field)
+    │   │   └── SecretInSettingsError  a credential in an agent's model_settings
     │   ├── ConversationNotFound
     │   ├── ConversationBusyError a turn is running on that conversation
     │   └── ConfigurationError    settings missing or contradictory
@@ -14,10 +15,14 @@
         ├── ModelError            the model API failed (status, body)
         ├── ModelBehaviorError    the model answered something unusable
         ├── ToolExecutionError    a tool raised or timed out
-        └── JobFailedError        ``Job.result()`` on a failed turn
+        ├── JobFailedError        ``Job.result()`` on a failed turn
+        └── ServiceUnavailableError  Postgres or Redis failed (or kept
+                                  deadlocking) after bounded retries
 """
 
 from __future__ import annotations
+
+from pydantic import ValidationError
 
 
 class ChorusError(Exception):
@@ -52,6 +57,27 @@ class InvalidRequestError(UserError):
     def __init__(self, message: str, fields: list[str] | None = None) -> None:
         self.fields = fields or []
         super().__init__(message)
+
+
+class SecretInSettingsError(InvalidRequestError):
+    """An agent's ``model_settings`` carry a credential; ``fields`` holds its path."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            f"{path}: refused, {why}; model_settings may not carry credentials "
+            "(set provider keys in the worker's environment)",
+            [path],
+        )
+
+
+def invalid(exc: ValidationError, what: str) -> InvalidRequestError:
+    """A pydantic validation failure as an :class:`InvalidRequestError`
+    naming each offending field (``what``: the thing that was invalid)."""
+    fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
+    detail = "; ".join(
+        f"{field}: {e['msg']}" for field, e in zip(fields, exc.errors(), strict=True)
+    )
+    return InvalidRequestError(f"invalid {what}: {detail}", fields)
 
 
 class ConversationNotFound(UserError):
@@ -109,3 +135,9 @@ class JobFailedError(AgentRunError):
         self.status = status
         self.error = error
         super().__init__(f"job {job_id} {status}: {error or 'no detail'}")
+
+
+class ServiceUnavailableError(AgentRunError):
+    """Postgres or Redis failed, or a transaction kept losing to concurrent
+    ones, after bounded retries. The operation may be repeated; the cause
+    is chained as ``__cause__``."""

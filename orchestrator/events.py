@@ -55,20 +55,21 @@ class Outbox:
         self,
         name: EventName,
         conv: Conversation,
-        turn: Turn,
+        turn: Turn | None,
         step: int | None = None,
         **data: Any,
     ) -> None:
-        """Add an event about ``conv`` in ``turn`` to this transaction."""
+        """Add an event about ``conv`` in ``turn`` to this transaction
+        (``turn`` None: a conversation that never ran a turn)."""
         self.pending.append(
             EventRow(
                 root_id=conv.root_id,
                 seq=0,
                 name=name.value,
                 conversation_id=conv.id,
-                turn_id=turn.id,
+                turn_id=turn.id if turn else None,
                 step=step,
-                correlation_id=turn.correlation_id,
+                correlation_id=turn.correlation_id if turn else None,
                 data=data,
                 created_at=utcnow(),
             )

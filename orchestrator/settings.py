@@ -47,7 +47,8 @@ class Settings(BaseSettings):
         default=3600, description="Seconds before Redis redelivers an unacked task."
     )
     lease_seconds: float = Field(
-        default=60.0, description="A step's model-call lease, renewed while streaming."
+        default=60.0,
+        description="A step's model-call lease, renewed by a heartbeat for the whole call.",
     )
     stall_timeout: float = Field(
         default=120.0,
@@ -63,7 +64,7 @@ class Settings(BaseSettings):
         default=4, ge=0, description="Deepest subagent nesting below a root conversation."
     )
     max_children: int = Field(
-        default=2000, ge=0, description="Most subagent conversations under one root."
+        default=2000, ge=0, description="Most subagent conversations one job starts."
     )
     log_level: str = Field(default="INFO", description="Level of worker and CLI logs.")
     log_format: str = Field(
@@ -71,6 +72,13 @@ class Settings(BaseSettings):
     )
     max_tool_result_chars: int = Field(
         default=100_000, description="Tool results longer than this are truncated."
+    )
+    rate_limit_allowance: float = Field(
+        default=0.25,
+        ge=0,
+        description="Seconds a model call may take from its rate-limit admission to "
+        "the provider: each admitted call counts in its window this much longer, so the "
+        "provider's own window never sees more than the limit.",
     )
 
     @field_validator("modules", mode="before")

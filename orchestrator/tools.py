@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
@@ -50,18 +51,25 @@ class Tool:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
-    def invoke(self, params: dict[str, Any], ctx: ToolContext) -> Any:
+    def invoke(
+        self,
+        params: dict[str, Any],
+        ctx: ToolContext,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Any:
         """Validate ``params``, run the function within the tool's timeout.
 
         Returns the JSON-ready result. Raises
         :class:`~orchestrator.errors.InvalidRequestError` for bad arguments and
         :class:`~orchestrator.errors.ToolExecutionError` when it raises or
-        times out (the original exception is the ``__cause__``).
+        times out (the original exception is the ``__cause__``), and
+        :class:`ToolStopped` as soon as ``should_stop()`` is true (the job
+        was cancelled or ran out of budget).
         """
         kwargs = validate_params(self.params_model, params, tool=self.spec.name)
         if self.context_param:
             kwargs[self.context_param] = ctx
-        value = _run_with_timeout(self.fn, kwargs, self.spec.timeout, self.spec.name)
+        value = _run_with_timeout(self.fn, kwargs, self.spec.timeout, self.spec.name, should_stop)
         try:
             return to_jsonable_python(value)
         except Exception as exc:
@@ -70,11 +78,25 @@ class Tool:
             ) from exc
 
 
+class ToolStopped(Exception):
+    """The call's job is stopping: the task leaves without a result (the
+    stop records the call ``cancelled``)."""
+
+
+#: How often a running tool looks at its job's stop flag, in seconds.
+STOP_POLL = 0.5
+
+
 def _run_with_timeout(
-    fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float, name: str
+    fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    timeout: float,
+    name: str,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Any:
-    """Run in a helper thread so a timeout works in every pool (a timed-out
-    function keeps running in its daemon thread until it returns)."""
+    """Run in a helper thread so a timeout and a stop work in every pool (a
+    timed-out or stopped function keeps running in its daemon thread until
+    it returns; the task, and its worker slot, are free at once)."""
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -88,7 +110,11 @@ def _run_with_timeout(
 
     thread = threading.Thread(target=target, name=f"chorus-tool-{name}", daemon=True)
     thread.start()
-    thread.join(timeout)
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+        thread.join(min(left, STOP_POLL) if should_stop else left)
+        if thread.is_alive() and should_stop is not None and should_stop():
+            raise ToolStopped(name)
     if thread.is_alive():
         raise ToolExecutionError(f"tool {name!r} timed out after {timeout:g}s")
     if "error" in outcome:

@@ -10,8 +10,6 @@ from pydantic import Field
 from schemas.content import Frozen, Usage
 from schemas.specs import AgentSpec, Budget
 
-#: Largest accepted input text, in characters.
-MAX_INPUT_CHARS = 200_000
 #: Largest accepted ``context_data``, in bytes of JSON.
 MAX_CONTEXT_BYTES = 256_000
 
@@ -36,7 +34,8 @@ class JobRequest(Frozen):
     """One turn to run: an agent (registered name or inline spec) and input."""
 
     agent: str | AgentSpec
-    input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
+    #: Capped by the ``CHORUS_MAX_INPUT_CHARS`` setting, checked at submit.
+    input: str = Field(min_length=1)
     conversation_id: str | None = Field(default=None, max_length=64)
     context_data: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)

@@ -73,7 +73,8 @@ class AgentSpec(Frozen):
 
     ``model_settings`` are passed to litellm (``temperature``, ``api_base``,
     ...). Secrets never go here: litellm reads provider keys from the
-    environment of the worker.
+    environment of the worker, and Chorus refuses credential keys when an
+    agent is declared or a job submitted (``orchestrator.specs``).
     """
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -119,15 +120,4 @@ class AgentSpec(Frozen):
     def _object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is not None and value.get("type") != "object":
             raise ValueError("output_schema must be a JSON schema of type 'object'")
-        return value
-
-    @field_validator("model_settings")
-    @classmethod
-    def _no_secrets(cls, value: dict[str, Any]) -> dict[str, Any]:
-        secret = {k for k in value if "key" in k.lower() or "token" in k.lower()}
-        if secret:
-            raise ValueError(
-                f"model_settings may not carry secrets ({sorted(secret)}); "
-                "set provider keys in the worker's environment"
-            )
         return value

@@ -12,9 +12,8 @@ from pydantic import BaseModel, Field
 
 import examples.parallel_tools  # noqa: F401  (the example agent, for the end-to-end test)
 from orchestrator import Agent, ToolContext, tool
-from orchestrator.context import TransformContext, context_transformer
 from orchestrator.llm.scripted import Reply, ScriptedToolCall, call, register_script, scripted_model
-from schemas import Message, RateLimit
+from schemas import RateLimit
 
 
 def tool_results(messages: list[dict[str, Any]]) -> list[Any]:
@@ -388,6 +387,192 @@ Agent(
     "limited",
     scripted_model("limited"),
     rate_limits=[RateLimit(key="tenant:{tenant}", requests=RATE, period=1.0)],
+)
+
+
+# -- core: a step that fails the same way on every attempt ---------------------
+# (the context transformer raises; the turn must fail, not loop)
+
+from orchestrator import registry  # noqa: E402
+from orchestrator.context import TransformContext, context_transformer  # noqa: E402
+from schemas import AgentSpec, Message  # noqa: E402
+
+CORE_BOOM = "core-explodes: this transformer always fails"
+
+
+@context_transformer("core-explodes")
+def core_explodes(history: list[Message], ctx: TransformContext) -> list[Message]:
+    raise RuntimeError(CORE_BOOM)
+
+
+register_script("core-broken", [Reply.say("never reached")])
+registry.register_agent(
+    AgentSpec(name="core-broken", model=scripted_model("core-broken"), context=("core-explodes",))
+)
+
+register_script(
+    "core-broken-lead",
+    [Reply.call(call("subagent__core-broken", task="try")), echo_results],
+)
+registry.register_agent(
+    AgentSpec(
+        name="core-broken-lead",
+        model=scripted_model("core-broken-lead"),
+        subagents=("core-broken",),
+    )
+)
+
+
+# -- tokens: a tool-heavy agent's requests are mostly schema, arguments and ----
+# -- structured results, with little message text ------------------------------
+
+
+@tool
+def ledger(entries: list[str], note: str = "") -> dict[str, Any]:
+    """Store ledger entries and return each one itemized, with its size.
+
+    Each entry is one line of a ledger: a date, a counterparty, an amount and
+    a free-text memo, separated by semicolons. Entries are stored in the order
+    given, numbered from zero, and returned itemized so that the caller can
+    check what was recorded against what it meant to record. The note, when
+    given, is stored with the whole batch and returned unchanged. Amounts are
+    not validated or summed here: a separate reconciliation tool does that,
+    and the ledger only guarantees that every entry it acknowledges is kept
+    exactly as sent. Call it once per batch rather than once per entry; a
+    batch of a few dozen entries is fine. Entries that repeat an earlier one
+    are stored again, never merged.
+
+    Args:
+        entries: the ledger lines to store, in order, one string per entry,
+            each as "date; counterparty; amount; memo".
+        note: an optional note stored with the whole batch.
+    """
+    items = [{"n": i, "entry": e, "chars": len(e)} for i, e in enumerate(entries)]
+    return {"stored": len(entries), "items": items, "note": note}
+
+
+# -- sec: tool authorization and hostile input ---------------------------------
+
+
+@tool
+def leave_mark(ctx: ToolContext) -> str:
+    """Write a file at context_data["mark"]: proof that the tool ran."""
+    with open(ctx.context_data["mark"], "a") as f:
+        f.write("ran\n")
+    return "marked"
+
+
+register_script(
+    "sec-intruder",
+    [
+        Reply.call(
+            call("weather", city="Lisbon"),
+            call("leave_mark"),
+            call("subagent__echo-child", task="sneak"),
+            call("final_answer", anything=1),
+            call("add", a=1, b=2),
+        ),
+        echo_results,
+    ],
+)
+Agent("sec-intruder", scripted_model("sec-intruder"), tools=[add])
+register_script("sec-marker", [Reply.call(call("leave_mark")), echo_results])
+Agent("sec-marker", scripted_model("sec-marker"), tools=[leave_mark])
+
+
+@tool
+def echo_back(value: Any = None) -> Any:
+    """Return its argument unchanged.
+
+    Args:
+        value: anything.
+    """
+    return value
+
+
+def _hostile_call(messages: list[dict[str, Any]]) -> Reply:
+    """Call echo_back with the user's message as the raw argument string."""
+    return Reply.call(ScriptedToolCall(tool="echo_back", params=_task(messages)))
+
+
+def _say_results_raw(messages: list[dict[str, Any]]) -> Reply:
+    """Text that repeats the results, with a NUL and a lone surrogate of its own."""
+    return Reply.say("saw\x00\ud800: " + repr(tool_results(messages))[:5000])
+
+
+register_script("sec-hostile-args", [_hostile_call, _say_results_raw] * 200)
+Agent("sec-hostile-args", scripted_model("sec-hostile-args"), tools=[echo_back])
+
+
+# -- tree: redelivered tool copies, stops racing steps, per-job fan-out, deadlines --
+
+register_script(
+    "redeliver",
+    [
+        Reply.call(call("add", a=1, b=2), call("timed", label="slow", seconds=4.0)),
+        echo_results,
+    ],
+)
+Agent("redeliver", scripted_model("redeliver"), tools=[add, timed])
+
+register_script(
+    "stoppable-child",
+    [lambda ms: Reply.call(call("timed", label=_task(ms), seconds=0.7)), echo_results],
+)
+Agent("stoppable-child", scripted_model("stoppable-child"), tools=[timed])
+register_script(
+    "stoppable-lead",
+    [
+        Reply.call(
+            call("timed", label="lead", seconds=1.5),
+            *(call("subagent__stoppable-child", task=f"c{i}") for i in range(4)),
+        ),
+        lambda ms: Reply.call(call("subagent__stoppable-child", task="again")),
+        echo_results,
+    ],
+)
+Agent(
+    "stoppable-lead",
+    scripted_model("stoppable-lead"),
+    tools=[timed],
+    subagents=["stoppable-child"],
+)
+
+
+def _spawn(messages: list[dict[str, Any]]) -> Reply:
+    """'spawn N': call N echo children, then report this turn's results."""
+    if messages[-1]["role"] == "tool":
+        asked = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        return Reply.say("children: " + json.dumps(tool_results(messages[asked:])))
+    count = int(str(messages[-1]["content"]).split()[-1])
+    return Reply.call(*(call("subagent__echo-child", task=f"k{i}") for i in range(count)))
+
+
+register_script("spawner", [_spawn] * 400)
+Agent("spawner", scripted_model("spawner"), subagents=["echo-child"])
+
+register_script(
+    "overtime",
+    [Reply.call(call("timed", label="long", seconds=30.0)), echo_results],
+)
+Agent("overtime", scripted_model("overtime"), tools=[timed])
+
+register_script(
+    "swarm-lead",
+    [
+        Reply.call(
+            call("timed", label="lead", seconds=2.0),
+            *(call("subagent__echo-child", task=f"s{i}") for i in range(12)),
+        ),
+        Reply.call(*(call("subagent__stoppable-child", task=f"t{i}") for i in range(6))),
+        echo_results,
+    ],
+)
+Agent(
+    "swarm-lead",
+    scripted_model("swarm-lead"),
+    tools=[timed],
+    subagents=["echo-child", "stoppable-child"],
 )
 
 

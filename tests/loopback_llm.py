@@ -53,10 +53,10 @@ class _Planned:
     tool_calls: list[tuple[str, str, str]] = field(default_factory=list)  # (id, name, args)
     usage: tuple[int, int] | None = None
     chunk_delay: float = 0.0
-    delay: float = 0.0
     reasoning: str = ""
     error: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds of silence before the response starts
 
 
 def _words(text: str) -> int:
@@ -152,7 +152,7 @@ class LoopbackLLM:
             chunk_delay: Seconds to sleep before each streamed chunk.
             reasoning: Streamed first as ``reasoning_content`` deltas (as
                 DeepSeek/vLLM do); sent as ``reasoning_content`` when not streaming.
-            delay: Seconds to wait before answering at all (no byte is sent meanwhile).
+            delay: Seconds of silence (not even headers) before answering.
         """
         planned = _Planned(
             text=text, usage=usage, chunk_delay=chunk_delay, reasoning=reasoning, delay=delay
@@ -172,7 +172,7 @@ class LoopbackLLM:
 
         Each call streams as a chunk with id and name, then its arguments in
         three pieces, like OpenAI. Ids are ``call_<uuid hex>`` unless given.
-        ``delay`` is seconds to wait before answering at all.
+        ``delay``: seconds of silence (not even headers) before answering.
         """
         resolved = [_resolve_call(c) for c in calls]
         planned = _Planned(
@@ -261,7 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         planned = self.owner._pop()
         if planned is not None and planned.delay:
-            time.sleep(planned.delay)  # a provider thinking before its first byte
+            time.sleep(planned.delay)
         if planned is None:
             error = {"message": "loopback: no response queued", "type": "invalid_request_error"}
             self._json(400, {"error": error})

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from celery import Celery
 from celery._state import _set_task_join_will_block
-from celery.signals import setup_logging, worker_process_init, worker_ready
+from celery.signals import (
+    celeryd_after_setup,
+    setup_logging,
+    worker_process_init,
+    worker_ready,
+)
 
 from orchestrator import registry
-from orchestrator.celery_conf import make_celery
+from orchestrator.celery_conf import QUEUES, make_celery
+from orchestrator.llm.call import warm
 from orchestrator.logs import setup_logging as configure_logging
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
@@ -30,6 +37,25 @@ def no_result_subscriptions(**_: Any) -> None:
     _set_task_join_will_block(True)
 
 
+def prepare_worker(instance: Any = None, **_: Any) -> None:
+    """Before a worker consumes (``celeryd_after_setup``: logging is set
+    up, the pool not started, so prefork children inherit this):
+
+    - a worker that takes model calls loads the model client, so the calls
+      it admits under a rate limit are sent at once, not after seconds of
+      first imports;
+    - the heap built at startup (litellm alone is ~400k objects) is frozen
+      out of the garbage collector: a full collection over it stops every
+      thread of the process for most of a second, between admitting calls
+      and sending them.
+    """
+    selected = instance.app.amqp.queues.consume_from if instance is not None else None
+    if not selected or QUEUES["chorus.step"] in selected:
+        warm()
+    gc.collect()
+    gc.freeze()
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     """A Celery app with the Chorus tasks, importing ``settings.modules``."""
     settings = settings or load_settings()
@@ -37,6 +63,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = make_celery(settings)
     register_tasks(app, Runtime(settings))
     worker_process_init.connect(_forget_inherited_engines, weak=False)
+    celeryd_after_setup.connect(prepare_worker, weak=False)
     worker_ready.connect(no_result_subscriptions, weak=False)
 
     def _logging(loglevel: str | int | None = None, **_: Any) -> None:

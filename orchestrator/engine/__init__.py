@@ -8,7 +8,7 @@ Celery tasks are thin shells around these functions.
 
 from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment, RunStep, ToolTask
 from orchestrator.engine.advance import advance
-from orchestrator.engine.cancel import cancel
+from orchestrator.engine.cancel import cancel, deadline
 from orchestrator.engine.inbox import dequeue
 from orchestrator.engine.step import run_step
 from orchestrator.engine.sweep import sweep
@@ -24,6 +24,7 @@ __all__ = [
     "ToolTask",
     "advance",
     "cancel",
+    "deadline",
     "dequeue",
     "run_step",
     "run_tool",

@@ -68,6 +68,16 @@ class Checkpoint:
     """Summarize a conversation in the background (task ``chorus.checkpoint``)."""
 
     conversation_id: str
+    countdown: float = 0.0  # seconds to wait first (over a rate limit)
 
 
-Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint
+@dataclass(frozen=True)
+class Deadline:
+    """Look at the job's wall-time budget after ``countdown`` seconds and
+    stop it if spent (task ``chorus.deadline``)."""
+
+    job_id: str
+    countdown: float
+
+
+Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint | Deadline

@@ -6,9 +6,10 @@ from sqlalchemy import func
 from sqlmodel import col, select
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
+from orchestrator.engine.cancel import stopping
 from orchestrator.engine.cursor import is_current, move_cursor
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow
+from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow, Turn
 from schemas import ToolResultBlock
 
 
@@ -25,6 +26,9 @@ def advance(
         conv = session.get(Conversation, conversation_id)
         if conv is None or not is_current(conv, turn_id, step, segment):
             return []
+        turn = session.get(Turn, turn_id)
+        if turn is None or stopping(session, turn):
+            return []  # the job is being stopped: nothing more runs
         # Count before loading: with N subagents, N-1 of their advances find
         # work still out, and should not each read all N calls.
         pending = session.exec(

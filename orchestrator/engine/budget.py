@@ -4,6 +4,9 @@ Every step adds its tokens, cost and tool calls to the job's turn (the
 top-level turn of the tree). A step checks the job's budget before calling
 the model: a spent tool-call budget takes the tools away for one last
 answer; any other exceeded limit stops the tree with ``budget.exceeded``.
+A wall-time budget is also enforced while the job waits on tools and
+children: a ``chorus.deadline`` task sent at submit (and the sweeper, as a
+backstop) stops the tree the way a cancel does, when the time is up.
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ def exceeded(job: Turn) -> str | None:
         if limit is not None and used >= limit:
             return f"{what} budget exceeded: {used:g} {unit} used of {limit:g}"
     return None
+
+
+def wall_time_left(job: Turn) -> float | None:
+    """Seconds until the job's wall-time budget is spent (None: no such budget)."""
+    if not job.budget:
+        return None
+    limit = Budget.model_validate(job.budget).wall_seconds
+    return None if limit is None else limit - (utcnow() - job.started_at).total_seconds()
 
 
 def tool_calls_left(job: Turn) -> int | None:

@@ -1,54 +1,123 @@
-"""Cancelling a job: its turn and every descendant's, in one sweep.
+"""Stopping a job (cancel, budget): its turn and every descendant's.
 
 A job's subagent turns share its correlation id, so the tree is "every
-running turn with this correlation id". Each is ended ``cancelled``, its
-unfinished tool calls are recorded ``cancelled`` (``tool.cancelled``, or
-``subagent.stopped`` for a subagent call), and the conversations go idle.
-A flag in Redis stops in-flight model calls at their next streamed chunk;
-the caller revokes the returned tool tasks still queued or running.
+running turn with this correlation id". A stop goes in three durable steps,
+each its own short transaction, so it never holds locks a running step
+needs and a process dying midway leaves a stop someone else can finish:
+
+1. **Mark** the job's turn (``stop_status``, ``stop_reason``). From then on
+   steps, tool calls and advances of the job leave instead of starting
+   work; the first mark wins (a cancel racing a budget stop ends the tree
+   one way).
+2. Set the Redis **flag**: in-flight model calls stop at their next
+   streamed chunk, running tool functions within half a second.
+3. **End** each running turn, deepest first and the job's own turn last,
+   one conversation per transaction: its unfinished tool calls are recorded
+   ``cancelled`` (``tool.cancelled``, or ``subagent.stopped`` for a
+   subagent call) and the conversation goes idle. The caller revokes the
+   returned tool tasks still queued.
+
+The sweeper finishes any marked job whose turn still runs
+(:func:`resume_stop`), so a stop whose process died still ends.
+
+Every transaction takes its locks in the one order used everywhere:
+conversation rows, then tool call rows, then turn rows, then the job's
+turn, then the root's event sequence.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
 from sqlalchemy import update
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlmodel import Session, col, select
 
-from orchestrator.engine.actions import Action
+from orchestrator.engine.actions import Action, Deadline, Revoke
+from orchestrator.engine.budget import exceeded, job_of, wall_time_left
 from orchestrator.engine.cursor import finish_turn
 from orchestrator.engine.subagents import is_subagent_call
-from orchestrator.errors import InvalidRequestError
+from orchestrator.errors import InvalidRequestError, ServiceUnavailableError
 from orchestrator.events import Outbox
 from orchestrator.keys import cancelled
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
 from schemas import EventName, TurnStatus
 
-#: How often a cancel retries turns whose cursor moved under it.
-ATTEMPTS = 20
+log = logging.getLogger(__name__)
+
+#: Tries of one transaction that loses to a deadlock or a lost connection.
+DB_ATTEMPTS = 5
+#: Rounds of ending turns; a round ends every turn it finds, so more are
+#: needed only for children started by tool calls claimed just before the mark.
+ROUNDS = 10
+#: How long the stop flag outlives the stop.
+FLAG_SECONDS = 24 * 3600
+
+T = TypeVar("T")
 
 
-def _cancel_calls(session: Session, outbox: Outbox, conv: Conversation, turn: Turn) -> list[str]:
-    calls = session.exec(
-        select(ToolCallRow).where(
-            ToolCallRow.turn_id == turn.id, col(ToolCallRow.status).not_in(CALL_FINISHED)
-        )
-    ).all()
-    for call in calls:
-        session.execute(
-            update(ToolCallRow)
-            .where(col(ToolCallRow.id) == call.id)
-            .values(status="cancelled", result="cancelled", is_error=True, finished_at=utcnow())
-        )
-        subagent = is_subagent_call(call.tool)
-        outbox.record(
-            EventName.SUBAGENT_STOPPED if subagent else EventName.TOOL_CANCELLED,
-            conv,
-            turn,
-            call.step,
-            tool=call.tool,
-            tool_request_id=call.tool_request_id,
-        )
-    return [c.id for c in calls]
+def retrying(what: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` (one transaction), again after a deadlock or a dropped
+    connection; a failure that persists is a :class:`ServiceUnavailableError`."""
+    for attempt in range(1, DB_ATTEMPTS + 1):
+        try:
+            return fn()
+        except (OperationalError, redis.RedisError) as exc:
+            if attempt == DB_ATTEMPTS:
+                raise ServiceUnavailableError(f"{what} failed: {exc}") from exc
+            log.warning("%s: attempt %d failed, retrying: %s", what, attempt, exc)
+            time.sleep(0.05 * 2**attempt)
+        except DBAPIError as exc:
+            raise ServiceUnavailableError(f"{what} failed: {exc}") from exc
+    raise AssertionError("unreachable")
+
+
+def stopping(session: Session, turn: Turn) -> bool:
+    """Is the job this turn belongs to being stopped? (Its tasks then leave.)"""
+    return job_of(session, turn).stop_status is not None
+
+
+def cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Callable[[], bool]:
+    """True once the job is stopping; asks Redis at most every ``every`` s."""
+    key = cancelled(rt.settings.redis_prefix, correlation_id)
+    last = 0.0
+
+    def should_stop() -> bool:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < every:
+            return False
+        last = now
+        try:
+            return bool(rt.redis.exists(key))
+        except redis.RedisError:
+            log.warning("could not read the stop flag", exc_info=True)
+            return False
+
+    return should_stop
+
+
+def deadline(rt: Runtime, job_id: str) -> list[Action]:
+    """``chorus.deadline``: stop the job (``budget.exceeded``, turn failed)
+    if its wall-time budget is spent; look again later if it is not yet."""
+    with rt.session() as session:
+        job = session.get(Turn, job_id)
+    if job is None or job.status != TurnStatus.RUNNING.value:
+        return []
+    left = wall_time_left(job)
+    if left is None:
+        return []
+    if left > 0:
+        return [Deadline(job_id, min(left, rt.settings.visibility_timeout / 2))]
+    reason = exceeded(job) or "wall time budget exceeded"
+    revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, reason, budget=True)
+    return [*actions, Revoke(tuple(revoke))]
 
 
 def cancel(rt: Runtime, job_id: str) -> tuple[list[str], list[Action]]:
@@ -59,51 +128,136 @@ def cancel(rt: Runtime, job_id: str) -> tuple[list[str], list[Action]]:
 
 
 def stop_tree(
-    rt: Runtime, job_id: str, status: TurnStatus, reason: str
+    rt: Runtime, job_id: str, status: TurnStatus, reason: str, *, budget: bool = False
 ) -> tuple[list[str], list[Action]]:
-    """End every running turn of the job's tree with ``status`` and ``reason``."""
+    """End every running turn of the job's tree with ``status`` and ``reason``
+    (``budget``: record ``budget.exceeded`` with the mark). A job already
+    being stopped ends the way its first stop said."""
+    job = retrying("marking the stop", lambda: _mark(rt, job_id, status, reason, budget))
+    if job is None:
+        return [], []
+    return _finish(rt, job)
+
+
+def resume_stop(rt: Runtime, job_id: str) -> tuple[list[str], list[Action]]:
+    """Finish a marked stop (its process may have died midway)."""
     with rt.session() as session:
-        root = session.get(Turn, job_id)
-        if root is None:
+        job = session.get(Turn, job_id)
+    if job is None or job.stop_status is None or job.status != TurnStatus.RUNNING.value:
+        return [], []
+    return _finish(rt, job)
+
+
+def _mark(rt: Runtime, job_id: str, status: TurnStatus, reason: str, budget: bool) -> Turn | None:
+    """Mark the running job; returns it (with the mark that won) or None if it ended."""
+    with rt.transaction() as (session, outbox):
+        turn = session.get(Turn, job_id)
+        if turn is None:
             raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
-        correlation_id = root.correlation_id
-    rt.redis.set(cancelled(rt.settings.redis_prefix, correlation_id), job_id, ex=24 * 3600)
+        job = job_of(session, turn)  # a subagent's turn stops its whole job
+        marked = session.execute(
+            update(Turn)
+            .where(
+                col(Turn.id) == job.id,
+                col(Turn.status) == TurnStatus.RUNNING.value,
+                col(Turn.stop_status).is_(None),
+            )
+            .values(stop_status=status.value, stop_reason=reason)
+        )
+        session.refresh(job)
+        if job.status != TurnStatus.RUNNING.value:
+            return None
+        if budget and marked.rowcount == 1:  # type: ignore[attr-defined]
+            conv = session.get(Conversation, job.conversation_id)
+            assert conv is not None
+            outbox.record(
+                EventName.BUDGET_EXCEEDED, conv, job, job.steps, reason=reason, job_id=job.id
+            )
+        return job
+
+
+def _finish(rt: Runtime, job: Turn) -> tuple[list[str], list[Action]]:
+    assert job.stop_status is not None
+    status, reason = TurnStatus(job.stop_status), job.stop_reason or job.stop_status
+    retrying(
+        "setting the stop flag",
+        lambda: rt.redis.set(
+            cancelled(rt.settings.redis_prefix, job.correlation_id), job.id, ex=FLAG_SECONDS
+        ),
+    )
     revoke: list[str] = []
     actions: list[Action] = []
-    for _ in range(ATTEMPTS):
-        with rt.transaction() as (session, outbox):
-            running = session.exec(
-                select(Turn).where(
-                    Turn.correlation_id == correlation_id,
-                    Turn.status == TurnStatus.RUNNING.value,
-                )
-            ).all()
-            if not running:
-                return revoke, actions
-            round_revoke: list[str] = []
-            round_actions: list[Action] = []
-            # Deepest first, the job's own turn last; per turn its calls first,
-            # so the job's turn.cancelled is the tree's last event.
-            for turn in sorted(running, key=lambda t: (t.id == job_id, -t.started_at.timestamp())):
-                conv = session.get(Conversation, turn.conversation_id)
-                assert conv is not None
-                calls = _cancel_calls(session, outbox, conv, turn)
-                ended = finish_turn(
-                    session,
-                    outbox,
-                    conv,
-                    turn,
-                    status,
-                    error=reason,
-                    notify_parent=False,
-                )
-                if ended is None:  # a cursor moved meanwhile: undo this round, go again
-                    outbox.discard()
-                    session.rollback()
-                    break
-                round_revoke += calls
-                round_actions += ended
-            else:
-                revoke += round_revoke
-                actions += round_actions
-    raise RuntimeError(f"job {job_id}: turns kept moving while being stopped")
+    for _ in range(ROUNDS):
+        running = retrying("listing the tree's turns", lambda: _running(rt, job))
+        if not running:
+            return revoke, actions
+        for turn in running:
+            end = functools.partial(_end_turn, rt, turn.id, status, reason)
+            calls, nxt = retrying("ending a stopped turn", end)
+            revoke += calls
+            actions += nxt
+    log.warning(
+        "job %s: turns still running after %d rounds; the sweeper ends them", job.id, ROUNDS
+    )
+    return revoke, actions
+
+
+def _running(rt: Runtime, job: Turn) -> list[Turn]:
+    """The tree's running turns: deepest first, the job's own turn last, so
+    the job's end is the tree's last event."""
+    with rt.session() as session:
+        rows = session.exec(
+            select(Turn, Conversation.depth)
+            .join(Conversation, col(Conversation.id) == Turn.conversation_id)
+            .where(
+                Turn.correlation_id == job.correlation_id,
+                Turn.status == TurnStatus.RUNNING.value,
+            )
+        ).all()
+    ordered = sorted(rows, key=lambda r: (r[0].id == job.id, -r[1], -r[0].started_at.timestamp()))
+    return [turn for turn, _depth in ordered]
+
+
+def _end_turn(
+    rt: Runtime, turn_id: str, status: TurnStatus, reason: str
+) -> tuple[list[str], list[Action]]:
+    """End one running turn in its own transaction: lock its conversation
+    first, then its calls, then the turn."""
+    with rt.transaction() as (session, outbox):
+        turn = session.get(Turn, turn_id)
+        assert turn is not None
+        conv = session.get(
+            Conversation, turn.conversation_id, with_for_update=True, populate_existing=True
+        )
+        assert conv is not None
+        session.refresh(turn)
+        if turn.status != TurnStatus.RUNNING.value or conv.turn_id != turn.id:
+            return [], []
+        calls = _cancel_calls(session, outbox, conv, turn)
+        ended = finish_turn(session, outbox, conv, turn, status, error=reason, notify_parent=False)
+        assert ended is not None, "the conversation row is locked: its cursor cannot move"
+        return calls, ended
+
+
+def _cancel_calls(session: Session, outbox: Outbox, conv: Conversation, turn: Turn) -> list[str]:
+    cancelled_calls = session.execute(
+        update(ToolCallRow)
+        .where(col(ToolCallRow.turn_id) == turn.id, col(ToolCallRow.status).not_in(CALL_FINISHED))
+        .values(status="cancelled", result="cancelled", is_error=True, finished_at=utcnow())
+        .returning(
+            col(ToolCallRow.id),
+            col(ToolCallRow.tool),
+            col(ToolCallRow.tool_request_id),
+            col(ToolCallRow.step),
+        )
+    ).all()
+    for _id, tool, tool_request_id, step in sorted(cancelled_calls, key=lambda c: (c[3], c[0])):
+        outbox.record(
+            EventName.SUBAGENT_STOPPED if is_subagent_call(tool) else EventName.TOOL_CANCELLED,
+            conv,
+            turn,
+            step,
+            tool=tool,
+            tool_request_id=tool_request_id,
+        )
+    return [c[0] for c in cancelled_calls]

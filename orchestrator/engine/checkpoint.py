@@ -15,14 +15,26 @@ import json
 from collections.abc import Callable
 
 from sqlalchemy import update
-from sqlmodel import col
+from sqlmodel import Session, col
 
+from orchestrator.engine.actions import Action, Checkpoint
+from orchestrator.engine.budget import roll_up
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
-from orchestrator.errors import ConfigurationError, ConversationNotFound
-from orchestrator.llm.call import complete
+from orchestrator.errors import ConversationNotFound, InvalidRequestError
+from orchestrator.events import Outbox
+from orchestrator.llm.call import complete, warm
+from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
-from schemas import AgentSpec, EventName, Message, TextBlock, ToolCallBlock, ToolResultBlock
+from schemas import (
+    AgentSpec,
+    EventName,
+    Message,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    Usage,
+)
 
 Strategy = Callable[[AgentSpec, str | None, list[Message]], list[dict[str, str]]]
 _strategies: dict[str, Strategy] = {}
@@ -39,6 +51,19 @@ def checkpoint_strategy(name: str) -> Callable[[Strategy], Strategy]:
         return fn
 
     return register
+
+
+def strategy_of(agent: AgentSpec) -> Strategy:
+    """The agent's checkpoint strategy; raises
+    :class:`~orchestrator.errors.InvalidRequestError` if none is registered."""
+    try:
+        return _strategies[agent.checkpoint_strategy]
+    except KeyError:
+        raise InvalidRequestError(
+            f"agent {agent.name!r} names an unknown checkpoint strategy "
+            f"{agent.checkpoint_strategy!r}; registered: {sorted(_strategies)}",
+            ["checkpoint_strategy"],
+        ) from None
 
 
 def _render(message: Message) -> str:
@@ -91,25 +116,52 @@ def _boundary(rows: list[MessageRow], after: int) -> MessageRow | None:
     return candidates[-1] if candidates else None
 
 
+def _add_usage(
+    session: Session, outbox: Outbox, conv: Conversation, turn: Turn, usage: Usage
+) -> None:
+    """The summarizer's call is paid like a step's: its usage goes to the
+    conversation, the turn and the job's tree (a model call of the job's
+    ``steps`` budget), with a ``usage`` event."""
+    for table, row_id in ((Conversation, conv.id), (Turn, turn.id)):  # lock order
+        session.execute(
+            update(table)
+            .where(col(table.id) == row_id)
+            .values(
+                input_tokens=col(table.input_tokens) + usage.input_tokens,
+                output_tokens=col(table.output_tokens) + usage.output_tokens,
+                cost_usd=col(table.cost_usd) + usage.cost_usd,
+            )
+        )
+    roll_up(session, turn.job_id or turn.id, usage, 0)
+    outbox.record(
+        EventName.USAGE,
+        conv,
+        turn,
+        turn.steps,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost_usd=usage.cost_usd,
+        checkpoint=True,
+    )
+
+
 def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
     """Summarize the conversation up to its latest clean boundary.
 
-    Returns False when nothing new can be summarized. A model failure
-    raises :class:`~orchestrator.errors.ModelError` and stores nothing.
+    Returns False when nothing new can be summarized. The summarizer's call
+    is admitted by the agent's rate limits: over one, raises
+    :class:`~orchestrator.ratelimit.RateLimited` and stores nothing. A model
+    failure raises :class:`~orchestrator.errors.ModelError` and stores
+    nothing.
     """
+    warm()  # before admission: an admitted call is sent at once, not after imports
     with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         turn = session.get(Turn, conv.turn_id) if conv and conv.turn_id else None
         if conv is None or turn is None:
             raise ConversationNotFound(conversation_id)
         agent = AgentSpec.model_validate(conv.agent_spec)
-        try:
-            strategy = _strategies[agent.checkpoint_strategy]
-        except KeyError:
-            raise ConfigurationError(
-                f"unknown checkpoint strategy {agent.checkpoint_strategy!r}; "
-                f"registered: {sorted(_strategies)}"
-            ) from None
+        strategy = strategy_of(agent)
         previous = latest_checkpoint(session, conv.id)
         after = previous.boundary_message_id if previous else 0
         rows = load_rows(session, conv.id)
@@ -118,6 +170,11 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
             return False
         included = [row_to_message(r) for r in rows if after < (r.id or 0) <= boundary.id]
         prompt = strategy(agent, previous.summary if previous else None, included)
+        limits = (rt.redis, rt.settings.redis_prefix, agent.rate_limits, agent.model)
+        allowance = rt.settings.rate_limit_allowance
+        wait, _ = admit(*limits, turn.context_data, request_tokens(prompt), allowance)
+        if wait > 0:  # nothing stored yet
+            raise RateLimited(wait)
         summarizer = Conversation(
             root_id=conv.root_id,
             parent_id=conv.id,
@@ -148,6 +205,7 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         boundary_id = boundary.id
 
     reply = complete(agent.model, prompt, None, agent.model_settings)
+    record_output(*limits, turn.context_data, reply.usage.output_tokens, allowance)
 
     with rt.transaction() as (session, outbox):
         usage = reply.usage
@@ -172,15 +230,7 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
                 summarizer_conversation_id=summarizer.id,
             )
         )
-        session.execute(
-            update(Conversation)
-            .where(col(Conversation.id) == conversation_id)
-            .values(
-                input_tokens=col(Conversation.input_tokens) + usage.input_tokens,
-                output_tokens=col(Conversation.output_tokens) + usage.output_tokens,
-                cost_usd=col(Conversation.cost_usd) + usage.cost_usd,
-            )
-        )
+        _add_usage(session, outbox, conv, turn, usage)
         outbox.record(
             EventName.CHECKPOINT_COMPLETED,
             conv,
@@ -192,3 +242,13 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
             output_tokens=usage.output_tokens,
         )
     return True
+
+
+def run_checkpoint(rt: Runtime, conversation_id: str) -> list[Action]:
+    """A checkpoint asked for by a client (task ``chorus.checkpoint``); over
+    a rate limit it is sent again when the window has room."""
+    try:
+        take_checkpoint(rt, conversation_id)
+    except RateLimited as limited:
+        return [Checkpoint(conversation_id, countdown=limited.wait)]
+    return []

@@ -8,9 +8,15 @@ from sqlmodel import Session, col
 
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.engine.history import copy_messages
-from orchestrator.errors import ConversationBusyError, ConversationNotFound, InvalidRequestError
+from orchestrator.errors import (
+    ConversationBusyError,
+    ConversationNotFound,
+    InvalidRequestError,
+    invalid,
+)
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, MessageRow, new_id
+from orchestrator.store.values import check
 from schemas import ConversationState, Message
 
 _messages: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
@@ -59,13 +65,14 @@ def load(
     rt: Runtime, conversation_id: str, messages: list[Message] | list[dict[str, object]]
 ) -> int:
     """Replace the conversation's history with ``messages`` (validated)."""
+    if not isinstance(messages, list | tuple):
+        raise InvalidRequestError("messages: a list of messages is required", ["messages"])
+    check(messages, "messages")
     raw = [m.model_dump() if isinstance(m, Message) else m for m in messages]
     try:
         checked = _messages.validate_python(raw)
     except ValidationError as exc:
-        fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
-        detail = "; ".join(f"{f}: {e['msg']}" for f, e in zip(fields, exc.errors(), strict=True))
-        raise InvalidRequestError(f"invalid messages: {detail}", fields) from None
+        raise invalid(exc, "messages") from None
     with rt.session() as session:
         conv = load_idle(session, conversation_id)
         _claim(session, conv)

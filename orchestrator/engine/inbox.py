@@ -16,19 +16,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sqlmodel import Session
+
 from orchestrator.engine.actions import Action, Dequeue
-from orchestrator.engine.turns import start_turn
+from orchestrator.engine.turns import check_input, start_turn
 from orchestrator.errors import (
     ChorusError,
     ConversationBusyError,
     ConversationNotFound,
-    InvalidRequestError,
 )
 from orchestrator.keys import inbox
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, Turn
 from schemas import AgentSpec, ConversationState, EventName, JobRequest
-from schemas.jobs import MAX_INPUT_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -38,27 +38,36 @@ def idempotency_key(conversation_id: str, entry_id: str) -> str:
     return f"inbox:{conversation_id}:{entry_id}"
 
 
-def _record(rt: Runtime, conversation_id: str, name: EventName, **data: Any) -> None:
-    with rt.transaction() as (session, outbox):
-        conv = session.get(Conversation, conversation_id)
-        turn = session.get(Turn, conv.turn_id) if conv and conv.turn_id else None
-        if conv is None or turn is None:
-            raise ConversationNotFound(conversation_id)
-        outbox.record(name, conv, turn, **data)
+def _conversation(session: Session, conversation_id: str) -> tuple[Conversation, Turn | None]:
+    """The conversation and its latest turn (None if it never ran one, as
+    a fresh fork)."""
+    conv = session.get(Conversation, conversation_id)
+    if conv is None:
+        raise ConversationNotFound(conversation_id)
+    return conv, session.get(Turn, conv.turn_id) if conv.turn_id else None
 
 
 def send(rt: Runtime, conversation_id: str, text: str) -> tuple[str, list[Action]]:
     """Queue ``text`` for the conversation; returns the entry id and the
-    dequeue to dispatch (which starts it at once if the conversation is idle)."""
-    if not text or len(text) > min(MAX_INPUT_CHARS, rt.settings.max_input_chars):
-        raise InvalidRequestError(
-            f"text: between 1 and {rt.settings.max_input_chars} characters required", ["text"]
-        )
-    with rt.session() as session:
-        if session.get(Conversation, conversation_id) is None:
-            raise ConversationNotFound(conversation_id)
-    entry = str(rt.redis.xadd(inbox(rt.settings.redis_prefix, conversation_id), {"text": text}))
-    _record(rt, conversation_id, EventName.MESSAGE_QUEUED, entry=entry, text=text)
+    dequeue to dispatch (which starts it at once if the conversation is idle).
+
+    Everything that can refuse the message is checked before it enters the
+    stream; its ``message.queued`` event commits with the entry, and the
+    entry is taken back if that commit fails, so a failed send leaves no
+    message behind to run later.
+    """
+    check_input(rt.settings, text, "text")
+    key = inbox(rt.settings.redis_prefix, conversation_id)
+    entry: str | None = None
+    try:
+        with rt.transaction() as (session, outbox):
+            conv, turn = _conversation(session, conversation_id)
+            entry = str(rt.redis.xadd(key, {"text": text}))
+            outbox.record(EventName.MESSAGE_QUEUED, conv, turn, entry=entry, text=text)
+    except BaseException:
+        if entry is not None:
+            rt.redis.xdel(key, entry)
+        raise
     return entry, [Dequeue(conversation_id)]
 
 
@@ -68,8 +77,10 @@ def clear(rt: Runtime, conversation_id: str) -> int:
     pipe = rt.redis.pipeline()
     pipe.xlen(key)
     pipe.delete(key)
-    count = int(pipe.execute()[0])
-    _record(rt, conversation_id, EventName.QUEUE_CLEARED, count=count)
+    with rt.transaction() as (session, outbox):
+        conv, turn = _conversation(session, conversation_id)
+        count = int(pipe.execute()[0])
+        outbox.record(EventName.QUEUE_CLEARED, conv, turn, count=count)
     return count
 
 

@@ -7,7 +7,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -15,12 +14,14 @@ from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from orchestrator import registry
+from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, job_of, roll_up, tool_calls_left
-from orchestrator.engine.cancel import stop_tree
+from orchestrator.engine.cancel import cancel_watch, stop_tree, stopping
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import model_context
+from orchestrator.engine.lease import heartbeat
 from orchestrator.engine.output import (
     FINAL_ANSWER,
     NUDGE,
@@ -33,13 +34,13 @@ from orchestrator.engine.output import (
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import Outbox
-from orchestrator.keys import cancelled
-from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai
+from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai, warm
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
-from orchestrator.ratelimit import admit, estimate_tokens, record_output
+from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
+from orchestrator.store.values import storable_text
 from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, ToolCallBlock, TurnStatus
 from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
@@ -84,12 +85,78 @@ def _release_lease(session: Session, conversation_id: str) -> None:
     )
 
 
+def _no_call(
+    session: Session, outbox: Outbox, conv: Conversation, turn: Turn, spec: AgentSpec, step: int
+) -> list[Action] | None:
+    """Why this step makes no model call (what to run instead), or None."""
+    if stopping(session, turn):
+        log.info("step %s of %s: the job is being stopped; leaving", step, turn.id)
+        return []
+    if step >= spec.max_steps:
+        ended = finish_turn(
+            session,
+            outbox,
+            conv,
+            turn,
+            TurnStatus.FAILED,
+            error=f"no final answer within max_steps={spec.max_steps}",
+        )
+        return ended or []
+    return None
+
+
+def _defer(session: Session, conv: Conversation, countdown: float) -> RunStep:
+    """Release the lease and record when the step is due again, so the
+    sweeper does not take a countdown longer than the stall timeout for a
+    lost task; return the step to send with that countdown."""
+    assert conv.turn_id is not None
+    session.execute(
+        update(Conversation)
+        .where(col(Conversation.id) == conv.id)
+        .values(
+            lease_owner=None,
+            lease_until=None,
+            due_at=utcnow() + timedelta(seconds=countdown),
+        )
+    )
+    return RunStep(conv.id, conv.turn_id, conv.cursor_step, countdown=countdown)
+
+
 def run_step(
     rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
 ) -> list[Action]:
     """Call the model for ``step`` unless another copy holds the lease or
-    the cursor has moved on; persist the reply and return what runs next."""
+    the cursor has moved on; persist the reply and return what runs next.
+
+    A step that raises gives its lease up first, so its retry (or the
+    sweeper) need not wait for the lease to expire."""
+    try:
+        return _run_step(rt, conversation_id, turn_id, step, owner)
+    except BaseException:
+        _give_up_lease(rt, conversation_id, owner)
+        raise
+
+
+def _give_up_lease(rt: Runtime, conversation_id: str, owner: str) -> None:
+    try:
+        with rt.session() as session:
+            session.execute(
+                update(Conversation)
+                .where(
+                    col(Conversation.id) == conversation_id,
+                    col(Conversation.lease_owner) == owner,
+                )
+                .values(lease_owner=None, lease_until=None)
+            )
+    except Exception:  # the database itself may be what failed; the lease then expires
+        log.warning("could not release the lease of %s", conversation_id, exc_info=True)
+
+
+def _run_step(
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
+) -> list[Action]:
     began = time.monotonic()
+    warm()  # before admission: an admitted call is sent at once, not after imports
     with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         if conv is None or not is_current(conv, turn_id, step, -1):
@@ -101,57 +168,33 @@ def run_step(
         assert turn is not None
         bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
         spec = AgentSpec.model_validate(conv.agent_spec)
-        if step >= spec.max_steps:
-            ended = finish_turn(
-                session,
-                outbox,
-                conv,
-                turn,
-                TurnStatus.FAILED,
-                error=f"no final answer within max_steps={spec.max_steps}",
-            )
-            return ended or []
+        refused = _no_call(session, outbox, conv, turn, spec, step)
+        if refused is not None:
+            return refused
         job = job_of(session, turn)
         over = exceeded(job)
         if over is not None:
-            outbox.record(EventName.BUDGET_EXCEEDED, conv, turn, step, reason=over, job_id=job.id)
+            _release_lease(session, conversation_id)
             job_id = job.id
         else:
             tools_allowed = tool_calls_left(job) != 0
             system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
             messages = to_openai_messages(system, model_context(session, conv.id, spec))
-            wait, admitted_at = admit(
-                rt.redis,
-                rt.settings.redis_prefix,
-                spec.rate_limits,
-                spec.model,
-                turn.context_data,
-                estimate_tokens(messages),
-            )
-            if wait > 0:  # over a rate limit: come back when the window has room
-                _release_lease(session, conversation_id)
-                return [RunStep(conversation_id, turn_id, step, countdown=wait)]
-            outbox.record(
-                EventName.LLM_REQUESTED,
-                conv,
-                turn,
-                step,
-                model=spec.model,
-                admitted_at=admitted_at,
-                worker=_worker(),
-            )
+            tools = _offered_tools(spec) if tools_allowed else []
+            size = request_tokens(messages, tools)
+            fits = spec.context_tokens is None or size <= spec.context_tokens
+            # past the context limit a checkpoint comes first, and admission after it
+            wait = _admit(rt, outbox, conv, turn, step, spec, size) if fits else 0.0
+            if wait > 0:
+                return [_defer(session, conv, wait)]
         correlation_id = turn.correlation_id
         root_id = conv.root_id
         context_data = turn.context_data
     if over is not None:
-        revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over)
+        revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over, budget=True)
         return [*actions, Revoke(tuple(revoke))]
 
-    tools = _offered_tools(spec) if tools_allowed else []
-    renew = _LeaseRenewer(rt, conversation_id, owner)
-
     def on_delta(text: str) -> None:
-        renew.maybe()
         rt.publish_live(
             Event(
                 name=EventName.ASSISTANT_DELTA,
@@ -161,21 +204,30 @@ def run_step(
                 step=step,
                 correlation_id=correlation_id,
                 time=utcnow(),
-                data={"text": text},
+                data={"text": storable_text(text)},  # a lone surrogate has no JSON
             )
         )
 
     started = time.monotonic()
     try:
-        messages = _fit_context(rt, spec, conversation_id, system, messages)
-        reply = complete(
-            spec.model,
-            messages,
-            tools or None,
-            spec.model_settings,
-            on_delta=on_delta,
-            should_stop=_cancel_watch(rt, correlation_id),
-        )
+        # The heartbeat keeps the lease alive for the whole call (and a
+        # checkpoint's call before it), text or not. A lease lost meanwhile
+        # lets the call finish: its usage counts.
+        with heartbeat(rt).hold(conversation_id, owner) as lease:
+            if not fits:
+                messages, ended = _fit_context(
+                    rt, spec, (conversation_id, turn_id, step, owner), system, tools
+                )
+                if ended is not None:
+                    return ended
+            reply = complete(
+                spec.model,
+                messages,
+                tools or None,
+                spec.model_settings,
+                on_delta=on_delta,
+                should_stop=cancel_watch(rt, correlation_id),
+            )
     except ModelError as exc:
         return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
     record_output(
@@ -185,74 +237,111 @@ def run_step(
         spec.model,
         context_data,
         reply.usage.output_tokens,
+        rt.settings.rate_limit_allowance,
     )
-    if reply.stopped:
-        log.info("step %d: model call stopped: the job was cancelled", step)
-        return []
+    if lease.lost.is_set() or reply.stopped:
+        return _left(rt, (conversation_id, turn_id, step), reply, lost=lease.lost.is_set())
     return _persist(
         rt, conversation_id, turn_id, step, owner, reply, (started, began), tools_allowed
     )
 
 
+def _left(rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, *, lost: bool) -> list[Action]:
+    """The call ended but its reply is not this copy's to store: another copy
+    took the lease (the usage still counts: the provider was paid) or the
+    job was cancelled."""
+    conversation_id, turn_id, step = ids
+    if lost:
+        log.warning("step %d: another copy took the lease; leaving without persisting", step)
+        _record_superseded(rt, conversation_id, turn_id, step, reply)
+    else:
+        log.info("step %d: model call stopped: the job was cancelled", step)
+    return []
+
+
+def _admit(
+    rt: Runtime,
+    outbox: Outbox,
+    conv: Conversation,
+    turn: Turn,
+    step: int,
+    spec: AgentSpec,
+    tokens: int,
+) -> float:
+    """Ask the agent's rate limits to admit the request of ``tokens``, built
+    and about to be sent; record ``llm.requested`` when they do. Returns how
+    long to wait first (0: admitted)."""
+    wait, admitted_at = admit(
+        rt.redis,
+        rt.settings.redis_prefix,
+        spec.rate_limits,
+        spec.model,
+        turn.context_data,
+        tokens,
+        rt.settings.rate_limit_allowance,
+    )
+    if wait <= 0:
+        outbox.record(
+            EventName.LLM_REQUESTED,
+            conv,
+            turn,
+            step,
+            model=spec.model,
+            admitted_at=admitted_at,
+            worker=_worker(),
+        )
+    return wait
+
+
+def _defer_owned(
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str, wait: float
+) -> list[Action]:
+    with rt.transaction() as (session, _):
+        loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+        if loaded is None:
+            return []
+        return [_defer(session, loaded[0], wait)]
+
+
 def _fit_context(
     rt: Runtime,
     spec: AgentSpec,
-    conversation_id: str,
+    ids: tuple[str, str, int, str],
     system: str,
-    messages: list[dict[str, Any]],
-) -> list[dict[str, Any]]:
-    """When the prompt would pass the agent's context-token limit, take a
-    checkpoint first and rebuild the prompt around its summary."""
-    if spec.context_tokens is None or estimate_tokens(messages) <= spec.context_tokens:
-        return messages
-    if not take_checkpoint(rt, conversation_id):
-        return messages  # nothing left to summarize
-    with rt.session() as session:
-        return to_openai_messages(system, model_context(session, conversation_id, spec))
+    tools: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[Action] | None]:
+    """The prompt passes the agent's context-token limit: take a checkpoint
+    first, rebuild the prompt around its summary and admit it.
 
-
-def _cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Callable[[], bool]:
-    """True once the job is cancelled; asks Redis at most every ``every`` s."""
-    key = cancelled(rt.settings.redis_prefix, correlation_id)
-    last = 0.0
-
-    def should_stop() -> bool:
-        nonlocal last
-        now = time.monotonic()
-        if now - last < every:
-            return False
-        last = now
-        return bool(rt.redis.exists(key))
-
-    return should_stop
-
-
-class _LeaseRenewer:
-    """Extends the step's lease while the model streams."""
-
-    def __init__(self, rt: Runtime, conversation_id: str, owner: str) -> None:
-        self.rt, self.conversation_id, self.owner = rt, conversation_id, owner
-        self.last = time.monotonic()
-
-    def maybe(self) -> None:
-        if time.monotonic() - self.last < self.rt.settings.lease_seconds / 3:
-            return
-        self.last = time.monotonic()
-        with self.rt.session() as session:
-            session.execute(
-                update(Conversation)
-                .where(
-                    col(Conversation.id) == self.conversation_id,
-                    col(Conversation.lease_owner) == self.owner,
-                )
-                .values(lease_until=utcnow() + timedelta(seconds=self.rt.settings.lease_seconds))
-            )
+    ``ids``: conversation, turn, step, lease owner. Returns the messages to
+    send, or the actions that end this execution instead (a deferral, a
+    retry, or none when another copy took over).
+    """
+    conversation_id, turn_id, step, owner = ids
+    try:
+        take_checkpoint(rt, conversation_id)  # False: nothing left to summarize; sent as is
+        with rt.transaction() as (session, outbox):
+            loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+            if loaded is None:
+                return [], []
+            conv, turn = loaded
+            messages = to_openai_messages(system, model_context(session, conversation_id, spec))
+            wait = _admit(rt, outbox, conv, turn, step, spec, request_tokens(messages, tools))
+            if wait > 0:
+                raise RateLimited(wait)
+    except ModelError as exc:
+        return [], _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
+    except RateLimited as limited:
+        return [], _defer_owned(rt, conversation_id, turn_id, step, owner, limited.wait)
+    return messages, None
 
 
 def _load_owned(
     session: Session, conversation_id: str, turn_id: str, step: int, owner: str
 ) -> tuple[Conversation, Turn] | None:
-    conv = session.get(Conversation, conversation_id)
+    # The conversation row first: the one lock order (conversation → tool
+    # calls → turns → job turn → event sequence) that a stop follows too.
+    conv = session.get(Conversation, conversation_id, with_for_update=True, populate_existing=True)
     if conv is None or not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
         return None
     turn = session.get(Turn, turn_id)
@@ -302,9 +391,8 @@ def _model_failed(
             attempt=failures,
             retry_in=None if delay is None else round(delay, 3),
         )
-        if delay is not None:
-            _release_lease(session, conversation_id)  # the retry is another execution
-            return [RunStep(conversation_id, turn_id, step, countdown=delay)]
+        if delay is not None:  # the retry is another execution
+            return [_defer(session, conv, delay)]
         ended = finish_turn(
             session,
             outbox,
@@ -335,21 +423,24 @@ def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
     return tools
 
 
-def _segments(reply: ModelReply) -> list[tuple[int, bool, str]]:
+def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]:
     """(segment, parallelizable, queue) per call: a maximal run of
-    parallelizable calls shares a segment; each other call is its own."""
+    parallelizable calls shares a segment; each other call is its own. Only
+    the agent's own tools are looked up: any other call is refused."""
     out: list[tuple[int, bool, str]] = []
     segment, prev_parallel = -1, False
     for call in reply.tool_calls:
-        try:
-            spec = (
-                subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
-                if is_subagent_call(call.tool)
-                else registry.get_tool(call.tool).spec
-            )
-            parallel, queue = spec.parallelizable, spec.queue
-        except (UnknownToolError, UnknownAgentError):
-            parallel, queue = True, "tools"  # answered with an error result
+        parallel, queue = True, "tools"  # a call answered with an error result
+        if may_call(spec, call.tool):
+            try:
+                tool = (
+                    subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
+                    if is_subagent_call(call.tool)
+                    else registry.get_tool(call.tool).spec
+                )
+                parallel, queue = tool.parallelizable, tool.queue
+            except (UnknownToolError, UnknownAgentError):
+                pass
         if not (parallel and prev_parallel):
             segment += 1
         prev_parallel = parallel
@@ -399,10 +490,30 @@ def _persist(
     tools_allowed: bool,
 ) -> list[Action]:
     """``clocks``: monotonic times the model call and the step task began."""
+    actions = _persist_owned(
+        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed
+    )
+    if actions is None:  # the lease was lost or the cursor moved while the model ran
+        _record_superseded(rt, conversation_id, turn_id, step, reply)
+        return []
+    return actions
+
+
+def _persist_owned(
+    rt: Runtime,
+    conversation_id: str,
+    turn_id: str,
+    step: int,
+    owner: str,
+    reply: ModelReply,
+    clocks: tuple[float, float],
+    tools_allowed: bool,
+) -> list[Action] | None:
+    """Store the reply if this copy still owns the step; None if it does not."""
     with rt.transaction() as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
-            return []
+            return None
         conv, turn = loaded
         spec = AgentSpec.model_validate(conv.agent_spec)
         final = final_call(spec, reply.tool_calls)
@@ -418,7 +529,9 @@ def _persist(
         runs = len(reply.tool_calls) if verdict == "tools" else 0
         roll_up(session, job.id, reply.usage, runs if left is None else min(runs, left))
         if verdict == "tools":
-            actions = _record_calls(session, outbox, conv, turn, step, reply, totals, errors, left)
+            actions = _record_calls(
+                session, outbox, conv, turn, spec, step, reply, totals, errors, left
+            )
         elif verdict == "nudge":
             actions = _nudge(session, conv, turn_id, step, totals)
         else:
@@ -426,11 +539,34 @@ def _persist(
         if actions is None:  # another copy moved the cursor first
             outbox.discard()
             session.rollback()
-            return []
+            return None
     log.info(
         "step %d: model answered with %d tool calls (%s)", step, len(reply.tool_calls), verdict
     )
     return actions
+
+
+def _record_superseded(
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, reply: ModelReply
+) -> None:
+    """A reply that is not stored was still paid for: add its usage to the
+    job's tree totals and say so in a ``usage`` event (``superseded``)."""
+    with rt.transaction() as (session, outbox):
+        conv = session.get(Conversation, conversation_id)
+        turn = session.get(Turn, turn_id)
+        if conv is None or turn is None:
+            return
+        roll_up(session, job_of(session, turn).id, reply.usage, 0)
+        outbox.record(
+            EventName.USAGE,
+            conv,
+            turn,
+            step,
+            input_tokens=reply.usage.input_tokens,
+            output_tokens=reply.usage.output_tokens,
+            cost_usd=reply.usage.cost_usd,
+            superseded=True,
+        )
 
 
 def _add_usage(
@@ -507,6 +643,7 @@ def _record_calls(
     outbox: Outbox,
     conv: Conversation,
     turn: Turn,
+    spec: AgentSpec,
     step: int,
     reply: ModelReply,
     totals: dict[str, Any],
@@ -514,15 +651,16 @@ def _record_calls(
     left: int | None,
 ) -> list[Action] | None:
     """Store the tool calls, segment by segment, and return segment 0 to run.
-    A rejected final answer, or a call past the job's tool-call budget
-    (``left``), is stored with its error result and not run."""
+    A rejected final answer, a call to a tool the agent was not given, or a
+    call past the job's tool-call budget (``left``), is stored with its
+    error result and not run."""
     if not move_cursor(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
         return None
     tasks: list[ToolTask] = []
     for position, (call, (segment, parallel, queue)) in enumerate(
-        zip(reply.tool_calls, _segments(reply), strict=True)
+        zip(reply.tool_calls, _segments(spec, reply), strict=True)
     ):
         row = ToolCallRow(
             conversation_id=conv.id,
@@ -536,15 +674,15 @@ def _record_calls(
             parallelizable=parallel,
             queue=queue,
         )
-        refusal = None
+        refused = refusal(spec, call.tool)
         if call.tool == FINAL_ANSWER and errors is not None:
-            refusal = rejection(errors)
-        elif left is not None and position >= left:
-            refusal = f"Error: not run: {NO_MORE_TOOLS}"
-        rejected = refusal is not None
+            refused = rejection(errors)
+        elif refused is None and left is not None and position >= left:
+            refused = f"Error: not run: {NO_MORE_TOOLS}"
+        rejected = refused is not None
         if rejected:
             row.status, row.is_error, row.finished_at = "failed", True, utcnow()
-            row.result = refusal
+            row.result = refused
         session.add(row)
         outbox.record(
             EventName.SUBAGENT_REQUESTED

@@ -80,23 +80,29 @@ def _child_request(parent: AgentSpec, call: ToolCallRow) -> tuple[AgentSpec, str
     return child, task, fork
 
 
-def _take_child_slot(rt: Runtime, session: Session, parent: Conversation) -> None:
+def _take_child_slot(rt: Runtime, session: Session, parent: Conversation, turn: Turn) -> None:
+    """Count the child against the depth limit and the job's fan-out limit.
+
+    ``CHORUS_MAX_CHILDREN`` bounds the subagents one job starts (counted on
+    the job's turn), not a conversation's lifetime: the next job on the
+    same conversation starts again from zero.
+    """
     if parent.depth + 1 > rt.settings.max_depth:
         raise InvalidRequestError(
             f"subagent depth limit reached ({rt.settings.max_depth} levels below the root)",
             ["depth"],
         )
     taken = session.execute(
-        update(Conversation)
+        update(Turn)
         .where(
-            col(Conversation.id) == parent.root_id,
-            col(Conversation.children) < rt.settings.max_children,
+            col(Turn.id) == (turn.job_id or turn.id),
+            col(Turn.tree_children) < rt.settings.max_children,
         )
-        .values(children=col(Conversation.children) + 1)
+        .values(tree_children=col(Turn.tree_children) + 1)
     )
     if taken.rowcount != 1:  # type: ignore[attr-defined]
         raise InvalidRequestError(
-            f"subagent limit reached ({rt.settings.max_children} children under this root)",
+            f"subagent limit reached ({rt.settings.max_children} children in this job)",
             ["children"],
         )
 
@@ -114,7 +120,7 @@ def start_child(
     if session.exec(select(Turn.id).where(Turn.parent_call_id == call.id)).first():
         return []  # a redelivered copy: the child already exists
     child_spec, task, fork = _child_request(AgentSpec.model_validate(conv.agent_spec), call)
-    _take_child_slot(rt, session, conv)
+    _take_child_slot(rt, session, conv, turn)
     child = Conversation(
         root_id=conv.root_id,
         parent_id=conv.id,

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from orchestrator import registry
+from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
+from orchestrator.engine.cancel import cancel_watch, stopping
 from orchestrator.engine.subagents import is_subagent_call, start_child
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.logs import bind
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
-from orchestrator.tools import ToolContext
-from schemas import EventName, TurnStatus
+from orchestrator.store.values import MAX_DEPTH, storable
+from orchestrator.tools import STOP_POLL, ToolContext, ToolStopped
+from schemas import AgentSpec, EventName, TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +31,23 @@ log = logging.getLogger(__name__)
 INVALID_ARGUMENTS = "__invalid_arguments__"
 
 
-def _execute(call: ToolCallRow, ctx: ToolContext) -> tuple[Any, bool]:
+def _execute(
+    call: ToolCallRow, ctx: ToolContext, should_stop: Callable[[], bool]
+) -> tuple[Any, bool]:
     """(result, is_error). Every failure becomes an error result the model sees."""
     try:
         if INVALID_ARGUMENTS in call.params:
             raise InvalidRequestError(
-                f"invalid arguments for tool {call.tool!r}: not a JSON object: "
+                f"invalid arguments for tool {call.tool!r}: not a JSON object "
+                f"nested at most {MAX_DEPTH} levels deep: "
                 f"{str(call.params[INVALID_ARGUMENTS])[:500]}",
                 ["arguments"],
             )
-        return registry.get_tool(call.tool).invoke(call.params, ctx), False
+        return registry.get_tool(call.tool).invoke(call.params, ctx, should_stop), False
     except ChorusError as exc:
         return f"Error: {exc}", True
+    except ToolStopped:
+        raise  # the job is being stopped: no result at all
     except Exception as exc:  # a bug in validation itself must not kill the worker
         log.exception("tool %s failed unexpectedly", call.tool)
         return f"Error: {type(exc).__name__}: {exc}", True
@@ -52,10 +61,13 @@ def _cap(result: Any, limit: int) -> Any:
 
 
 def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Action]:
-    """Run the call unless it already has a result (a redelivered copy) or
-    its turn has ended. The first result written wins; later copies' are
-    dropped, so each call has exactly one result. A subagent call starts
-    its child conversation instead and returns the child's first step."""
+    """Run the call unless it already has a result (a redelivered copy), its
+    turn has ended or its job is being stopped. The claim and the result are
+    conditional updates: a copy that finds the call finished leaves (and
+    returns like any other, so a chord still counts it), and each call has
+    exactly one result. A subagent call starts its child conversation
+    instead and returns the child's first step. A running tool whose job
+    is stopped leaves within ``STOP_POLL`` seconds, recording nothing."""
     with rt.transaction() as (session, outbox):
         found = session.exec(
             select(ToolCallRow, Turn, Conversation)
@@ -68,6 +80,16 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
         call, turn, conv = found
         if call.status in CALL_FINISHED or turn.status != TurnStatus.RUNNING.value:
             return []
+        if stopping(session, turn):
+            return []  # the stop records this call cancelled
+        refused = refusal(AgentSpec.model_validate(conv.agent_spec), call.tool)
+        if refused is not None:  # never run a tool the agent was not given
+            _refuse(session, outbox, call, turn, conv, refused)
+            return []
+        claimed = _claim(session, call_id, task_id)
+        if claimed is None:
+            return []  # another copy finished it since the read above
+        call = claimed
         bind(
             conversation_id=conv.id,
             root_id=conv.root_id,
@@ -76,11 +98,6 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
             step=call.step,
             tool=call.tool,
         )
-        call.status = "running"
-        call.attempts += 1
-        call.started_at = utcnow()
-        call.task_id = task_id
-        session.add(call)
         if is_subagent_call(call.tool):
             return _delegate(rt, session, outbox, call, turn, conv)
         outbox.record(
@@ -100,9 +117,13 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
             context_data=dict(turn.context_data),
         )
 
-    result, is_error = _execute(call, ctx)
+    try:
+        result, is_error = _execute(call, ctx, cancel_watch(rt, turn.correlation_id, STOP_POLL))
+    except ToolStopped:
+        log.info("tool %s stopped: its job is being stopped", call.tool)
+        return []
     log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
-    result = _cap(result, rt.settings.max_tool_result_chars)
+    result = _cap(storable(result), rt.settings.max_tool_result_chars)
 
     with rt.transaction() as (session, outbox):
         if _record_result(session, call, result, is_error):
@@ -118,6 +139,24 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
     return []
 
 
+def _claim(session: Session, call_id: str, task_id: str | None) -> ToolCallRow | None:
+    """Mark the call running, unless it has its result: a conditional update,
+    so a redelivered copy racing the copy that finishes it cannot turn a
+    finished call back into a running one (and record a second result)."""
+    return session.execute(
+        update(ToolCallRow)
+        .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(CALL_FINISHED))
+        .values(
+            status="running",
+            attempts=col(ToolCallRow.attempts) + 1,
+            started_at=utcnow(),
+            task_id=task_id,
+        )
+        .returning(ToolCallRow)
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+
+
 def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: bool) -> bool:
     """Write the call's one result; False if a result was already there."""
     written = session.execute(
@@ -131,6 +170,21 @@ def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: b
         )
     )
     return bool(written.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def _refuse(
+    session: Session, outbox: Outbox, call: ToolCallRow, turn: Turn, conv: Conversation, error: str
+) -> None:
+    if _record_result(session, call, error, True):
+        outbox.record(
+            EventName.TOOL_FAILED,
+            conv,
+            turn,
+            tool=call.tool,
+            tool_request_id=call.tool_request_id,
+            result=error,
+            step=call.step,
+        )
 
 
 def _delegate(

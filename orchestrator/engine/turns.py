@@ -9,12 +9,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from orchestrator import registry
-from orchestrator.engine.actions import Action, RunStep
+from orchestrator.context import transformer
+from orchestrator.engine.actions import Action, Deadline, RunStep
+from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.errors import ConversationBusyError, InvalidRequestError
 from orchestrator.runtime import Runtime
+from orchestrator.settings import Settings
+from orchestrator.specs import check_spec
 from orchestrator.store.tables import Conversation, MessageRow, Turn
+from orchestrator.store.values import check
 from schemas import AgentSpec, ConversationState, EventName, JobRequest, TextBlock
 from schemas.jobs import MAX_CONTEXT_BYTES
 
@@ -29,14 +34,48 @@ class TurnRef:
 
 
 def resolve_agent(agent: str | AgentSpec) -> AgentSpec:
-    """The registered agent of that name, or an inline spec whose tools exist."""
-    if isinstance(agent, str):
-        return registry.get_agent(agent)
-    registry.check_agent(agent)
-    return agent
+    """The registered agent of that name, or an inline spec, once everything
+    it names exists (tools, subagents, context transformers, checkpoint
+    strategy, in it and in its subagents) and its settings pass
+    :func:`~orchestrator.specs.check_spec`: a spec that would fail every
+    step is refused here, at submit."""
+    spec = registry.get_agent(agent) if isinstance(agent, str) else agent
+    _check_tree(spec, set())
+    return spec
 
 
-def _check_context(request: JobRequest) -> None:
+def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
+    seen.add(spec.name)
+    check_spec(spec)
+    registry.check_agent(spec)
+    for name in spec.context:
+        transformer(spec, name)
+    strategy_of(spec)
+    for name in spec.subagents:
+        if name not in seen:
+            _check_tree(registry.get_agent(name), seen)
+
+
+def check_input(settings: Settings, text: str, field: str) -> None:
+    """Job input (or a sent message): storable, within CHORUS_MAX_INPUT_CHARS."""
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"{field}: a string is required", [field])
+    if not text or len(text) > settings.max_input_chars:
+        raise InvalidRequestError(
+            f"{field}: {len(text)} characters; between 1 and {settings.max_input_chars} "
+            "are accepted (CHORUS_MAX_INPUT_CHARS)",
+            [field],
+        )
+    check(text, field)
+
+
+def _check_request(settings: Settings, request: JobRequest) -> None:
+    """Everything the request would store, before anything is stored."""
+    check_input(settings, request.input, "input")
+    check(request.conversation_id, "conversation_id")
+    check(request.idempotency_key, "idempotency_key")
+    check(request.budget, "budget")
+    check(request.context_data, "context_data")
     size = len(json.dumps(request.context_data))
     if size > MAX_CONTEXT_BYTES:
         raise InvalidRequestError(
@@ -62,7 +101,7 @@ def start_turn(
     takes (recorded as ``message.dequeued``).
     """
     spec = resolve_agent(request.agent)
-    _check_context(request)
+    _check_request(rt.settings, request)
     try:
         with rt.transaction() as (session, outbox):
             found = _existing(session, request.idempotency_key)
@@ -122,7 +161,13 @@ def start_turn(
             raise
         return found, []
     ref = TurnRef(turn.id, conv.id, conv.root_id)
-    return ref, [RunStep(conv.id, turn.id, 0)]
+    actions: list[Action] = [RunStep(conv.id, turn.id, 0)]
+    if budget is not None and budget.wall_seconds is not None:
+        # A task held for longer than the visibility timeout is delivered
+        # again; a deadline further away is looked at once on the way.
+        wait = min(budget.wall_seconds, rt.settings.visibility_timeout / 2)
+        actions.append(Deadline(turn.id, wait))
+    return ref, actions
 
 
 def _claim_conversation(

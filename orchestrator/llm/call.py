@@ -19,7 +19,11 @@ never on ``finish_reason`` (litellm's mock tool calls report ``stop``).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ModelError
+from orchestrator.store.values import storable, storable_text, too_deep
 from schemas.content import (
     Message,
     Role,
@@ -48,6 +53,11 @@ _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
 _END = object()
 
+log = logging.getLogger(__name__)
+
+#: Longest tool name or call id kept from a reply (the columns' size).
+_ID_CHARS = 200
+
 
 @dataclass(frozen=True)
 class ModelReply:
@@ -66,6 +76,9 @@ class ModelReply:
         stopped: True if ``should_stop`` ended the stream early; then
             ``tool_calls`` is empty (partial calls are dropped) and ``text``
             is what arrived before the stop.
+
+    Every string in it can be stored: a NUL or lone surrogate the model
+    sent is replaced (:mod:`orchestrator.store.values`).
     """
 
     text: str
@@ -83,6 +96,47 @@ def _litellm() -> ModuleType:
 
     litellm.suppress_debug_info = True
     return litellm
+
+
+_warm_lock = threading.Lock()
+_warmed = False
+
+
+def warm() -> None:
+    """Load the model client in this process, once: litellm, the scripted
+    provider, and what litellm's first HTTP call imports (the openai
+    provider, httpx's transport: ~1 s, more under load).
+
+    A rate limit admits a call at the moment it is sent, so that first-call
+    cost must be paid before admission: workers call this before they
+    report ready, and every step before it asks the limiter. The warm-up is
+    one call to a local port that refuses it (a socket bound, not
+    listening): no request leaves the machine.
+    """
+    global _warmed
+    with _warm_lock:
+        if _warmed:
+            return
+        began = time.monotonic()
+        _litellm()
+        from orchestrator.llm import scripted
+
+        scripted.install()
+        try:
+            _refused_call()
+        except Exception:  # a warm-up is best effort: the first real call pays instead
+            log.warning("model client warm-up failed", exc_info=True)
+        _warmed = True
+        log.info("model client loaded in %.2f s", time.monotonic() - began)
+
+
+def _refused_call() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        base = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+        settings = {"api_base": base, "api_key": "warm-up", "timeout": 5}
+        with suppress(ModelError):
+            complete("openai/chorus-warm-up", [{"role": "user", "content": "."}], None, settings)
 
 
 def complete(
@@ -208,10 +262,10 @@ class _Collector:
         """The collected reply (partial tool calls dropped when stopped)."""
         calls = [] if stopped else [_to_block(c) for c in self.calls]
         return ModelReply(
-            text="".join(self.text),
+            text=storable_text("".join(self.text)),
             tool_calls=calls,
             usage=_usage(litellm, model, self.usage),
-            thinking="".join(self.thinking),
+            thinking=storable_text("".join(self.thinking)),
             finish_reason=self.finish_reason,
             stopped=stopped,
         )
@@ -219,22 +273,31 @@ class _Collector:
 
 def _to_block(pending: _PendingCall) -> ToolCallBlock:
     return ToolCallBlock(
-        tool_request_id=pending.id, tool=pending.name, params=parse_arguments(pending.arguments)
+        tool_request_id=storable_text(pending.id)[:_ID_CHARS],
+        tool=storable_text(pending.name)[:_ID_CHARS],
+        params=parse_arguments(pending.arguments),
     )
 
 
 def parse_arguments(arguments: str) -> dict[str, Any]:
-    """Parse tool-call arguments; a non-object becomes ``{"__invalid_arguments__": raw}``.
+    """Parse tool-call arguments; a non-object, or one nested deeper than
+    :data:`~orchestrator.store.values.MAX_DEPTH`, becomes
+    ``{"__invalid_arguments__": raw}``. The result is storable
+    (:func:`~orchestrator.store.values.storable`: no NUL, no NaN).
 
     An empty string means no arguments (``{}``), as some providers send it.
     """
     if not arguments.strip():
         return {}
+    invalid = {INVALID_ARGUMENTS_KEY: storable_text(arguments)}
     try:
         value = json.loads(arguments)
-    except ValueError:
-        return {INVALID_ARGUMENTS_KEY: arguments}
-    return value if isinstance(value, dict) else {INVALID_ARGUMENTS_KEY: arguments}
+    except (ValueError, RecursionError):
+        return invalid
+    if not isinstance(value, dict) or too_deep(value):
+        return invalid
+    cleaned: dict[str, Any] = storable(value)
+    return cleaned
 
 
 def _usage(litellm: ModuleType, model: str, usage: Any) -> Usage:
@@ -332,7 +395,12 @@ def _translate(exc: BaseException) -> ModelError:
     message = str(exc) or type(exc).__name__
     if type(exc).__name__ not in message:
         message = f"{type(exc).__name__}: {message}"
-    return ModelError(message, status=status, body=_body(exc, message), retryable=is_retryable(exc))
+    return ModelError(
+        storable_text(message),  # stored in llm.failed events and the turn's error
+        status=status,
+        body=storable_text(_body(exc, message)),
+        retryable=is_retryable(exc),
+    )
 
 
 def _body(exc: BaseException, fallback: str) -> str:

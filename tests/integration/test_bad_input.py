@@ -61,7 +61,7 @@ def test_model_mistakes_and_failing_tools_become_error_results(
     answer = job.result(timeout=60)
     calls = tool_calls(client, job.id)
     results = [(c.tool, c.is_error, str(c.result)) for c in calls]
-    assert results[0][1] and "unknown tool 'no_such_tool'" in results[0][2]
+    assert results[0][1] and "tool 'no_such_tool' is not available" in results[0][2]
     assert results[1][1] and "a: Input should be a valid integer" in results[1][2]
     assert results[2][1] and "not a JSON object" in results[2][2]
     assert results[3][1] and "exploded: on purpose" in results[3][2]

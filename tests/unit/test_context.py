@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.context import SUMMARY_PREFIX, TransformContext, apply, context_transformer
-from orchestrator.errors import ConfigurationError
+from orchestrator.errors import InvalidRequestError
 from schemas import AgentSpec, Message, Role, TextBlock, ToolCallBlock, ToolResultBlock
 
 
@@ -60,5 +60,5 @@ def test_results_without_calls_are_dropped_too() -> None:
 
 def test_unknown_transformer_is_a_clear_error() -> None:
     agent = AgentSpec(name="a", model="x/y", context=("nope",))
-    with pytest.raises(ConfigurationError, match="unknown context transformer 'nope'"):
+    with pytest.raises(InvalidRequestError, match="unknown context transformer 'nope'"):
         apply([], TransformContext(agent=agent))

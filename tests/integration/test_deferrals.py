@@ -1,0 +1,48 @@
+"""A deferred step (model retry backoff, rate-limit wait) is not taken for
+a lost one by the sweeper, however long its countdown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator import Client
+from schemas import AgentSpec, EventName
+from schemas.specs import RetryPolicy
+from tests.fleet import running_beat
+from tests.loopback_llm import LoopbackLLM
+
+pytestmark = pytest.mark.integration
+
+BACKOFF = 20.0  # well over the fleet's stall timeout (8 s) plus a sweep interval
+
+
+def test_retry_backoff_longer_than_the_stall_timeout_is_not_redispatched_early(
+    client: Client, settings: Any, workers: Any
+) -> None:
+    assert settings.stall_timeout + 2 * settings.sweep_interval < BACKOFF
+    with LoopbackLLM() as server, running_beat(settings):
+        # Given the sweeper, and a provider that fails once (retryable), then answers
+        server.enqueue_error(503, message="overloaded")
+        server.enqueue_text("Recovered.")
+        agent = AgentSpec(
+            name="deferred",
+            model="openai/loopback-model",
+            model_settings={"api_base": server.base_url},
+            retry=RetryPolicy(initial_delay=BACKOFF, jitter=0.0, max_attempts=3),
+        )
+
+        # When the retry waits longer than the stall timeout
+        job = client.submit(agent, "hi")
+        answer = job.result(timeout=120)
+
+        # Then the job completes with exactly one retry, sent when it was due
+        assert answer == "Recovered."
+        assert len(server.requests) == 2
+    events = list(job.events(deltas=False, timeout=5))
+    failed = [e for e in events if e.name is EventName.LLM_FAILED]
+    requested = [e for e in events if e.name is EventName.LLM_REQUESTED]
+    assert len(failed) == 1 and len(requested) == 2
+    waited = (requested[1].time - failed[0].time).total_seconds()
+    assert waited >= BACKOFF * 0.9, f"the retry ran after {waited:.1f}s, before it was due"

@@ -1,0 +1,117 @@
+"""A model call holds its lease for as long as it runs, streaming or silent;
+a reply that lost its lease is not stored, but its usage is counted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+from sqlmodel import col, select
+
+from orchestrator import Client, Settings
+from orchestrator.store.tables import Conversation, EventRow, utcnow
+from schemas import AgentSpec, EventName
+from tests.fleet import llm_fleet
+from tests.loopback_llm import LoopbackLLM
+
+pytestmark = pytest.mark.integration
+
+LEASE = 6.0  # the fleet's lease and stall timeout
+SILENCE = 15.0  # the provider sends nothing at all for this long
+
+
+@pytest.fixture(scope="module")
+def short_lease(settings: Settings, services: Any) -> Iterator[tuple[Settings, Client]]:
+    """A fleet (worker and beat) whose lease and stall timeout are ``LEASE``."""
+    fast = settings.model_copy(
+        update={
+            "redis_prefix": f"{settings.redis_prefix}-lease",
+            "stall_timeout": LEASE,
+            "sweep_interval": 1.0,
+            "lease_seconds": LEASE,
+        }
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CHORUS_LEASE_SECONDS", str(LEASE))
+        with llm_fleet(fast, "lease-llm") as client:
+            yield fast, client
+
+
+def _agent(server: LoopbackLLM) -> AgentSpec:
+    return AgentSpec(
+        name="silent-thinker",
+        model="openai/loopback-model",
+        model_settings={"api_base": server.base_url},
+    )
+
+
+def test_a_model_call_silent_longer_than_the_lease_is_made_once(
+    short_lease: tuple[Settings, Client],
+) -> None:
+    fast, client = short_lease
+    assert fast.lease_seconds + fast.stall_timeout + 2 * fast.sweep_interval < SILENCE
+    with LoopbackLLM() as server:
+        # Given a provider that thinks silently (no chunk, not even headers)
+        # for longer than the lease and the stall timeout, with the sweeper on
+        server.enqueue_text("Worth the wait.", delay=SILENCE)
+
+        # When the fleet runs the turn
+        job = client.submit(_agent(server), "think hard")
+        answer = job.result(timeout=120)
+
+        # Then the provider was asked once, and the job completed with its answer
+        assert answer == "Worth the wait."
+        assert len(server.requests) == 1
+    events = list(job.events(deltas=False, timeout=5))
+    assert len([e for e in events if e.name is EventName.LLM_REQUESTED]) == 1
+    usage = [e for e in events if e.name is EventName.USAGE]
+    assert len(usage) == 1 and not usage[0].data.get("superseded")
+
+
+def test_a_reply_whose_lease_was_taken_is_not_stored_but_its_usage_counts(
+    short_lease: tuple[Settings, Client],
+) -> None:
+    _, client = short_lease
+    with LoopbackLLM() as server:
+        # Given a slow first call, and an answer for whoever calls next
+        server.enqueue_text("Too late.", delay=10.0, usage=(100, 7))
+        server.enqueue_text("On time.", usage=(50, 3))
+        job = client.submit(_agent(server), "hi")
+        deadline = time.monotonic() + 30
+        while not server.received:
+            assert time.monotonic() < deadline, "the model was never called"
+            time.sleep(0.05)
+
+        # When another owner takes the lease while the first call runs (as a
+        # copy does when this one was paused past its lease), then lets it lapse
+        with client.runtime.session() as s:
+            s.execute(
+                update(Conversation)
+                .where(col(Conversation.id) == job.conversation_id)
+                .values(lease_owner="another-copy", lease_until=utcnow() + timedelta(seconds=1))
+            )
+
+        # Then the sweeper's copy answers, and the first reply is not stored
+        assert job.result(timeout=60) == "On time."
+        deadline = time.monotonic() + 30
+        while job.status().tree_usage.output_tokens < 10:
+            assert time.monotonic() < deadline, "the superseded call's usage was not counted"
+            time.sleep(0.2)
+    assert len(server.requests) == 2
+    status = job.status()
+    assert (status.usage.input_tokens, status.usage.output_tokens) == (50, 3)
+    assert (status.tree_usage.input_tokens, status.tree_usage.output_tokens) == (150, 10)
+    with client.runtime.session() as s:
+        rows = s.exec(
+            select(EventRow).where(
+                EventRow.turn_id == job.id, EventRow.name == EventName.USAGE.value
+            )
+        ).all()
+    assert sorted((r.data["output_tokens"], bool(r.data.get("superseded"))) for r in rows) == [
+        (3, False),
+        (7, True),
+    ]
