@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -620,3 +621,68 @@ Agent(
     scripted_model("sweep-deferred"),
     rate_limits=[RateLimit(key="tenant:{tenant}", requests=1, period=8.0)],
 )
+
+
+# -- faults: fan-out conversations under kill -9, and a step that always fails --
+
+#: Every call of the "chaos" script appends one line here (the file lives in
+#: the worker's CHORUS_STATE_DIR), so a test counts the model calls each step got.
+CHAOS_CALLS_FILE = "chaos-model-calls.log"
+
+
+def _note_model_call(messages: list[dict[str, Any]]) -> None:
+    first = next(str(m["content"]) for m in messages if m["role"] == "user")
+    steps = sum(1 for m in messages if m["role"] == "assistant")
+    path = os.path.join(os.environ.get("CHORUS_STATE_DIR", "."), CHAOS_CALLS_FILE)
+    with open(path, "a", encoding="utf-8") as f:  # one short O_APPEND write: atomic
+        f.write(f"{first}\t{steps}\n")
+
+
+# A short timeout: the sweeper leaves a running call alone for its timeout
+# (plus the stall timeout), so a call killed with its worker is re-run soon.
+@tool(timeout=10.0)
+def chaos_work(label: str, seconds: float = 1.0) -> dict[str, Any]:
+    """Sleep, then report (a parallel tool).
+
+    Args:
+        label: a name for this call.
+        seconds: how long to sleep.
+    """
+    return _slept(label, seconds)
+
+
+@tool(parallelizable=False, timeout=10.0)
+def chaos_barrier(label: str, seconds: float = 0.5) -> dict[str, Any]:
+    """Sleep alone, then report (a barrier).
+
+    Args:
+        label: a name for this call.
+        seconds: how long to sleep.
+    """
+    return _slept(label, seconds)
+
+
+def _chaos(messages: list[dict[str, Any]]) -> Reply:
+    """Each turn: 3 parallel tools and a barrier, then an answer naming the input."""
+    _note_model_call(messages)
+    said = [str(m["content"]) for m in messages if m["role"] == "user"][-1]
+    if messages[-1]["role"] == "tool":
+        return Reply.say(f"done: {said}")
+    seconds = float(os.environ.get("CHORUS_TEST_CHAOS_TOOL_SECONDS", "1.0"))
+    return Reply.call(
+        *(call("chaos_work", label=f"{said}/p{i}", seconds=seconds) for i in range(3)),
+        call("chaos_barrier", label=f"{said}/b", seconds=seconds / 2),
+    )
+
+
+register_script("chaos", [_chaos] * 400)
+Agent("chaos", scripted_model("chaos"), tools=[chaos_work, chaos_barrier])
+
+
+@context_transformer("always_fails")
+def _always_fails(history: list[Message], ctx: TransformContext) -> list[Message]:
+    """A transformer with a bug: every step that uses it raises."""
+    raise RuntimeError("always_fails: a deterministic bug in a context transformer")
+
+
+register_script("never-reached", [Reply.say("unreachable")] * 3)
