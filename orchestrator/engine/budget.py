@@ -12,9 +12,9 @@ backstop) stops the tree the way a cancel does, when the time is up.
 from __future__ import annotations
 
 from sqlalchemy import update
-from sqlmodel import Session, col
+from sqlmodel import Session, col, select
 
-from orchestrator.store.tables import Turn, utcnow
+from orchestrator.store.tables import Conversation, Turn, utcnow
 from schemas import Budget, Usage
 
 #: What the model is told when the tool-call budget is spent.
@@ -64,8 +64,21 @@ def tool_calls_left(job: Turn) -> int | None:
     return None if limit is None else max(0, limit - job.tree_tool_calls)
 
 
+def lock_job(session: Session, job_id: str) -> None:
+    """Lock the job's root conversation row before the job's turn is written.
+
+    The root row is also where a transaction's events take their sequence
+    numbers, so a transaction that writes the job's turn and records events
+    would otherwise lock the job's turn, then the root; one that starts at
+    the root (a root-level step) locks them the other way round. Taking the
+    root first everywhere the job's turn is written keeps one order."""
+    root = select(Turn.root_id).where(col(Turn.id) == job_id).scalar_subquery()
+    session.execute(select(Conversation.id).where(col(Conversation.id) == root).with_for_update())
+
+
 def roll_up(session: Session, job_id: str, usage: Usage, tool_calls: int) -> None:
     """Add one step's usage to the job's tree totals (atomically)."""
+    lock_job(session, job_id)
     session.execute(
         update(Turn)
         .where(col(Turn.id) == job_id)

@@ -39,7 +39,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlmodel import Session, col, select
 
 from orchestrator.engine.actions import Action, Deadline, Revoke
-from orchestrator.engine.budget import exceeded, job_of, wall_time_left
+from orchestrator.engine.budget import exceeded, job_of, lock_job, wall_time_left
 from orchestrator.engine.cursor import finish_turn
 from orchestrator.engine.subagents import is_subagent_call
 from orchestrator.errors import InvalidRequestError, ServiceUnavailableError
@@ -155,6 +155,7 @@ def _mark(rt: Runtime, job_id: str, status: TurnStatus, reason: str, budget: boo
         if turn is None:
             raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
         job = job_of(session, turn)  # a subagent's turn stops its whole job
+        lock_job(session, job.id)
         marked = session.execute(
             update(Turn)
             .where(

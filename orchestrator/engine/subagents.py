@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
+from orchestrator.engine.budget import lock_job
 from orchestrator.engine.history import copy_messages
 from orchestrator.errors import InvalidRequestError
 from orchestrator.events import Outbox
@@ -93,6 +94,7 @@ def _take_child_slot(rt: Runtime, session: Session, parent: Conversation, turn: 
             ["depth"],
         )
     job_id = turn.job_id or turn.id
+    lock_job(session, job_id)
     taken = session.execute(
         update(Turn)
         .where(
