@@ -91,16 +91,28 @@ def metrics_url(settings: Settings) -> Iterator[str]:
     yield from (url for _ in _serve(args, worker_env(settings), url))
 
 
+def _flower_tasks(flower: str, conversation_id: str) -> list[dict[str, Any]]:
+    tasks = httpx.get(f"{flower}/api/tasks", params={"limit": 1000}, timeout=5).json()
+    return [t for t in tasks.values() if conversation_id[:8] in (t.get("args") or "")]
+
+
 def test_flower_shows_the_jobs_tasks_by_name(client: Client, workers: Any, flower: str) -> None:
-    # Given Flower watching the fleet, when a job runs
+    # Given Flower watching the fleet (its event receiver connects a little
+    # after its web server answers: wait until it has seen a first job's task)
+    first = client.submit("trip-planner", "Porto, before Flower listens")
+    first.result(timeout=60)
+    deadline = time.monotonic() + 30
+    while not _flower_tasks(flower, first.conversation_id):
+        assert time.monotonic() < deadline, "Flower never saw a task"
+        time.sleep(0.5)
+    # when a job runs
     job = client.submit("trip-planner", "Lisbon, seen by Flower")
     job.result(timeout=60)
 
     # Then Flower's API lists its tasks with readable names, args and states
     deadline = time.monotonic() + 30
     while True:
-        tasks = httpx.get(f"{flower}/api/tasks", params={"limit": 1000}, timeout=5).json()
-        ours = [t for t in tasks.values() if job.conversation_id[:8] in (t.get("args") or "")]
+        ours = _flower_tasks(flower, job.conversation_id)
         names = sorted(t["name"] for t in ours)
         # task events reach Flower a little after the job ends: wait for all
         # (2 steps, 4 tools, at least one advance), each finished
