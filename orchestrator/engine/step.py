@@ -77,11 +77,16 @@ def _take_lease(rt: Runtime, session: Session, conv: Conversation, owner: str) -
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
-def _release_lease(session: Session, conversation_id: str) -> None:
+def _release_lease(
+    session: Session, conversation_id: str, owner: str | None = None, **values: Any
+) -> None:
+    """Give the model-call lease up (only if ``owner`` holds it, when given),
+    setting ``values`` on the conversation in the same update."""
+    where = [col(Conversation.id) == conversation_id]
+    if owner is not None:
+        where.append(col(Conversation.lease_owner) == owner)
     session.execute(
-        update(Conversation)
-        .where(col(Conversation.id) == conversation_id)
-        .values(lease_owner=None, lease_until=None)
+        update(Conversation).where(*where).values(lease_owner=None, lease_until=None, **values)
     )
 
 
@@ -110,15 +115,7 @@ def _defer(session: Session, conv: Conversation, countdown: float) -> RunStep:
     sweeper does not take a countdown longer than the stall timeout for a
     lost task; return the step to send with that countdown."""
     assert conv.turn_id is not None
-    session.execute(
-        update(Conversation)
-        .where(col(Conversation.id) == conv.id)
-        .values(
-            lease_owner=None,
-            lease_until=None,
-            due_at=utcnow() + timedelta(seconds=countdown),
-        )
-    )
+    _release_lease(session, conv.id, due_at=utcnow() + timedelta(seconds=countdown))
     return RunStep(conv.id, conv.turn_id, conv.cursor_step, countdown=countdown)
 
 
@@ -140,14 +137,7 @@ def run_step(
 def _give_up_lease(rt: Runtime, conversation_id: str, owner: str) -> None:
     try:
         with rt.session() as session:
-            session.execute(
-                update(Conversation)
-                .where(
-                    col(Conversation.id) == conversation_id,
-                    col(Conversation.lease_owner) == owner,
-                )
-                .values(lease_owner=None, lease_until=None)
-            )
+            _release_lease(session, conversation_id, owner)
     except Exception:  # the database itself may be what failed; the lease then expires
         log.warning("could not release the lease of %s", conversation_id, exc_info=True)
 

@@ -84,7 +84,7 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
             return []  # the stop records this call cancelled
         refused = refusal(AgentSpec.model_validate(conv.agent_spec), call.tool)
         if refused is not None:  # never run a tool the agent was not given
-            _refuse(session, outbox, call, turn, conv, refused)
+            _store_result(session, outbox, call, turn, conv, refused, True)
             return []
         claimed = _claim(session, call_id, task_id)
         if claimed is None:
@@ -126,16 +126,7 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
     result = _cap(storable(result), rt.settings.max_tool_result_chars)
 
     with rt.transaction() as (session, outbox):
-        if _record_result(session, call, result, is_error):
-            outbox.record(
-                EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
-                conv,
-                turn,
-                tool=call.tool,
-                tool_request_id=call.tool_request_id,
-                result=result,
-                step=call.step,
-            )
+        _store_result(session, outbox, call, turn, conv, result, is_error)
     return []
 
 
@@ -172,17 +163,24 @@ def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: b
     return bool(written.rowcount == 1)  # type: ignore[attr-defined]
 
 
-def _refuse(
-    session: Session, outbox: Outbox, call: ToolCallRow, turn: Turn, conv: Conversation, error: str
+def _store_result(
+    session: Session,
+    outbox: Outbox,
+    call: ToolCallRow,
+    turn: Turn,
+    conv: Conversation,
+    result: Any,
+    is_error: bool,
 ) -> None:
-    if _record_result(session, call, error, True):
+    """Record the call's result and its event, unless it already has one."""
+    if _record_result(session, call, result, is_error):
         outbox.record(
-            EventName.TOOL_FAILED,
+            EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
             conv,
             turn,
             tool=call.tool,
             tool_request_id=call.tool_request_id,
-            result=error,
+            result=result,
             step=call.step,
         )
 
