@@ -14,8 +14,9 @@ from __future__ import annotations
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
+from orchestrator.events import Outbox
 from orchestrator.store.tables import Conversation, Turn, utcnow
-from schemas import Budget, Usage
+from schemas import Budget, EventName, Usage
 
 #: What the model is told when the tool-call budget is spent.
 NO_MORE_TOOLS = (
@@ -89,4 +90,28 @@ def roll_up(session: Session, job_id: str, usage: Usage, tool_calls: int) -> Non
             tree_steps=col(Turn.tree_steps) + 1,
             tree_tool_calls=col(Turn.tree_tool_calls) + tool_calls,
         )
+    )
+
+
+def record_paid(
+    session: Session,
+    outbox: Outbox,
+    conv: Conversation,
+    turn: Turn,
+    step: int,
+    usage: Usage,
+    **flags: bool,
+) -> None:
+    """A model call outside a stored step was still paid for: add it to the
+    job's tree totals and say so in a ``usage`` event marked by ``flags``."""
+    roll_up(session, job_of(session, turn).id, usage, 0)
+    outbox.record(
+        EventName.USAGE,
+        conv,
+        turn,
+        step,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost_usd=usage.cost_usd,
+        **flags,
     )

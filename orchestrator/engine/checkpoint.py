@@ -18,7 +18,7 @@ from sqlalchemy import update
 from sqlmodel import Session, col
 
 from orchestrator.engine.actions import Action, Checkpoint
-from orchestrator.engine.budget import roll_up
+from orchestrator.engine.budget import record_paid
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
 from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
@@ -132,17 +132,7 @@ def _add_usage(
                 cost_usd=col(table.cost_usd) + usage.cost_usd,
             )
         )
-    roll_up(session, turn.job_id or turn.id, usage, 0)
-    outbox.record(
-        EventName.USAGE,
-        conv,
-        turn,
-        turn.steps,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        cost_usd=usage.cost_usd,
-        checkpoint=True,
-    )
+    record_paid(session, outbox, conv, turn, turn.steps, usage, checkpoint=True)
 
 
 def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:

@@ -16,7 +16,14 @@ from sqlmodel import Session, col, select
 from orchestrator import registry
 from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
-from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, job_of, roll_up, tool_calls_left
+from orchestrator.engine.budget import (
+    NO_MORE_TOOLS,
+    exceeded,
+    job_of,
+    record_paid,
+    roll_up,
+    tool_calls_left,
+)
 from orchestrator.engine.cancel import cancel_watch, stop_tree, stopping
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
@@ -546,17 +553,7 @@ def _record_superseded(
         turn = session.get(Turn, turn_id)
         if conv is None or turn is None:
             return
-        roll_up(session, job_of(session, turn).id, reply.usage, 0)
-        outbox.record(
-            EventName.USAGE,
-            conv,
-            turn,
-            step,
-            input_tokens=reply.usage.input_tokens,
-            output_tokens=reply.usage.output_tokens,
-            cost_usd=reply.usage.cost_usd,
-            superseded=True,
-        )
+        record_paid(session, outbox, conv, turn, step, reply.usage, superseded=True)
 
 
 def _add_usage(
