@@ -36,10 +36,19 @@ class Runtime:
             yield s
 
     @contextmanager
-    def transaction(self) -> Iterator[tuple[Session, Outbox]]:
+    def autocommit(self) -> Iterator[Session]:
+        """A session whose every statement commits as it runs: for reads and
+        single-statement writes, without ``BEGIN``/``COMMIT`` round trips."""
+        with session_scope(self.settings.db_url, autocommit=True) as s:
+            yield s
+
+    @contextmanager
+    def transaction(self, outbox: Outbox | None = None) -> Iterator[tuple[Session, Outbox]]:
         """A session and the outbox of its events: the events are stored in
-        the same commit and published to Redis after it."""
-        outbox = Outbox()
+        the same commit and published to Redis after it. ``outbox`` may hold
+        events recorded earlier (a claim, an admission) that are stored with
+        this transaction."""
+        outbox = outbox if outbox is not None else Outbox()
         with session_scope(self.settings.db_url) as s:
             yield s, outbox
             outbox.flush(s)

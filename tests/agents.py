@@ -686,3 +686,32 @@ def _always_fails(history: list[Message], ctx: TransformContext) -> list[Message
 
 
 register_script("never-reached", [Reply.say("unreachable")] * 3)
+
+
+# --- db helper ---
+# A turn of N steps (``steps=N`` in the input), each calling a no-op tool 4
+# times in parallel, then an answer: the shape whose Postgres work per step
+# tests/integration/test_step_queries.py counts.
+
+
+@tool
+def db_noop(i: int) -> int:
+    """Do nothing and return the argument.
+
+    Args:
+        i: any integer.
+    """
+    return i
+
+
+def _four_tools(messages: list[dict[str, Any]]) -> Reply:
+    said = next(str(m["content"]) for m in messages if m["role"] == "user")
+    asked = int(said.removeprefix("steps="))
+    done = sum(1 for m in messages if m["role"] == "assistant")
+    if done < asked:
+        return Reply.call(*(call("db_noop", i=k) for k in range(4)))
+    return Reply.say(f"done after {done} steps")
+
+
+register_script("four-tools", [_four_tools] * 40)
+Agent("four-tools", scripted_model("four-tools"), tools=[db_noop], max_steps=40)

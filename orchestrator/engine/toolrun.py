@@ -7,7 +7,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
+from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from orchestrator import registry
@@ -23,6 +24,7 @@ from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, 
 from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools import STOP_POLL, ToolContext, ToolStopped
 from schemas import AgentSpec, EventName, TurnStatus
+from schemas.specs import SUBAGENT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,99 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
     returns like any other, so a chord still counts it), and each call has
     exactly one result. A subagent call starts its child conversation
     instead and returns the child's first step. A running tool whose job
-    is stopped leaves within ``STOP_POLL`` seconds, recording nothing."""
+    is stopped leaves within ``STOP_POLL`` seconds, recording nothing.
+
+    The claim is one statement committed on its own (it reads the call, its
+    turn, its job's stop mark and its conversation as it claims); the
+    call's ``tool.started`` is stored with its result, in the result's
+    transaction, carrying the claim's time."""
+    claimed = _claim(rt, call_id, task_id)
+    if claimed is None:
+        return _start_subagent(rt, call_id, task_id)
+    call, turn, conv = claimed
+    bind(
+        conversation_id=conv.id,
+        root_id=conv.root_id,
+        turn_id=turn.id,
+        correlation_id=turn.correlation_id,
+        step=call.step,
+        tool=call.tool,
+    )
+    refused = refusal(AgentSpec.model_validate(conv.agent_spec), call.tool)
+    if refused is not None:  # never run a tool the agent was not given
+        with rt.transaction() as (session, outbox):
+            _store_result(session, outbox, call, turn, conv, refused, True)
+        return []
+    started = Outbox()
+    started.record(
+        EventName.TOOL_STARTED,
+        conv,
+        turn,
+        tool=call.tool,
+        tool_request_id=call.tool_request_id,
+        attempt=call.attempts,
+        step=call.step,
+    )
+    ctx = ToolContext(
+        conversation_id=conv.id,
+        root_id=conv.root_id,
+        turn_id=turn.id,
+        tool_request_id=call.tool_request_id,
+        context_data=dict(turn.context_data),
+    )
+    try:
+        result, is_error = _execute(call, ctx, cancel_watch(rt, turn.correlation_id, STOP_POLL))
+    except ToolStopped:
+        log.info("tool %s stopped: its job is being stopped", call.tool)
+        return []
+    log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
+    result = _cap(storable(result), rt.settings.max_tool_result_chars)
+
+    with rt.transaction(started) as (session, outbox):
+        _store_result(session, outbox, call, turn, conv, result, is_error)
+    return []
+
+
+def _claim(
+    rt: Runtime, call_id: str, task_id: str | None
+) -> tuple[ToolCallRow, Turn, Conversation] | None:
+    """Mark the call running, unless it has its result, its turn has ended,
+    its job is being stopped, or it is a subagent call: one conditional
+    update, so a redelivered copy racing the copy that finishes it cannot
+    turn a finished call back into a running one (and record a second
+    result). Returns the claimed call with its turn and conversation."""
+    job = aliased(Turn)
+    with rt.autocommit() as session:
+        found = session.execute(
+            update(ToolCallRow)
+            .where(
+                col(ToolCallRow.id) == call_id,
+                col(ToolCallRow.status).not_in(CALL_FINISHED),
+                ~col(ToolCallRow.tool).startswith(SUBAGENT_PREFIX, autoescape=True),
+                col(Turn.id) == ToolCallRow.turn_id,
+                col(Turn.status) == TurnStatus.RUNNING.value,
+                col(job.id) == func.coalesce(Turn.job_id, Turn.id),
+                col(job.stop_status).is_(None),
+                col(Conversation.id) == ToolCallRow.conversation_id,
+            )
+            .values(
+                status="running",
+                attempts=col(ToolCallRow.attempts) + 1,
+                started_at=utcnow(),
+                task_id=task_id,
+            )
+            .returning(ToolCallRow, Turn, Conversation)
+            .execution_options(synchronize_session=False)
+        ).first()
+    if found is None:
+        return None
+    call, turn, conv = found
+    return call, turn, conv
+
+
+def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Action]:
+    """Claim a subagent call and start its child, in one transaction (a
+    claimed call always has its child or its error result)."""
     with rt.transaction() as (session, outbox):
         found = session.exec(
             select(ToolCallRow, Turn, Conversation)
@@ -78,62 +172,32 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
         if found is None:
             return []
         call, turn, conv = found
+        if not is_subagent_call(call.tool):
+            return []  # finished, its turn ended or its job stopping: _claim said so
         if call.status in CALL_FINISHED or turn.status != TurnStatus.RUNNING.value:
             return []
         if stopping(session, turn):
             return []  # the stop records this call cancelled
         refused = refusal(AgentSpec.model_validate(conv.agent_spec), call.tool)
-        if refused is not None:  # never run a tool the agent was not given
+        if refused is not None:  # never start a subagent the agent was not given
             _store_result(session, outbox, call, turn, conv, refused, True)
             return []
-        claimed = _claim(session, call_id, task_id)
+        claimed = _claim_in(session, call_id, task_id)
         if claimed is None:
             return []  # another copy finished it since the read above
-        call = claimed
         bind(
             conversation_id=conv.id,
             root_id=conv.root_id,
             turn_id=turn.id,
             correlation_id=turn.correlation_id,
-            step=call.step,
-            tool=call.tool,
+            step=claimed.step,
+            tool=claimed.tool,
         )
-        if is_subagent_call(call.tool):
-            return _delegate(rt, session, outbox, call, turn, conv)
-        outbox.record(
-            EventName.TOOL_STARTED,
-            conv,
-            turn,
-            tool=call.tool,
-            tool_request_id=call.tool_request_id,
-            attempt=call.attempts,
-            step=call.step,
-        )
-        ctx = ToolContext(
-            conversation_id=conv.id,
-            root_id=conv.root_id,
-            turn_id=turn.id,
-            tool_request_id=call.tool_request_id,
-            context_data=dict(turn.context_data),
-        )
-
-    try:
-        result, is_error = _execute(call, ctx, cancel_watch(rt, turn.correlation_id, STOP_POLL))
-    except ToolStopped:
-        log.info("tool %s stopped: its job is being stopped", call.tool)
-        return []
-    log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
-    result = _cap(storable(result), rt.settings.max_tool_result_chars)
-
-    with rt.transaction() as (session, outbox):
-        _store_result(session, outbox, call, turn, conv, result, is_error)
-    return []
+        return _delegate(rt, session, outbox, claimed, turn, conv)
 
 
-def _claim(session: Session, call_id: str, task_id: str | None) -> ToolCallRow | None:
-    """Mark the call running, unless it has its result: a conditional update,
-    so a redelivered copy racing the copy that finishes it cannot turn a
-    finished call back into a running one (and record a second result)."""
+def _claim_in(session: Session, call_id: str, task_id: str | None) -> ToolCallRow | None:
+    """:func:`_claim` inside a transaction, for a subagent call."""
     return session.execute(
         update(ToolCallRow)
         .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(CALL_FINISHED))

@@ -1,16 +1,34 @@
-"""Engine and sessions for Postgres (psycopg 3) or the embedded SQLite file."""
+"""Engine and sessions for Postgres (psycopg 3) or the embedded SQLite file.
+
+Pooled Postgres connections are not pinged before each use (``pool_pre_ping``
+cost a round trip per transaction, a third of the hot path's). A connection
+is recycled after ``RECYCLE_SECONDS`` and pinged only when it has sat idle
+in the pool for longer than ``PING_AFTER_IDLE`` seconds (a client between
+two calls, a worker after a quiet spell), where a server restart is the
+likely thing to have happened meanwhile. A connection that dropped while in
+use raises a disconnect: SQLAlchemy invalidates the pool's older
+connections, and the task that met it is retried as a transient failure
+(``engine/failures.py``, ``workers/tasks.py``).
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, exc
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 from sqlmodel import Session, create_engine
+
+#: A pooled connection older than this is replaced before use.
+RECYCLE_SECONDS = 1800
+#: A connection idle in the pool longer than this is pinged before use.
+PING_AFTER_IDLE = 5.0
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -19,6 +37,31 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
+
+
+def _checked_in(_dbapi_conn: Any, record: ConnectionPoolEntry) -> None:
+    record.info["idle_since"] = time.monotonic()
+
+
+def _ping_if_idle(
+    dbapi_conn: Any, record: ConnectionPoolEntry, _proxy: PoolProxiedConnection
+) -> None:
+    """Ping a connection that sat idle a while; a dead one makes the pool
+    connect afresh (``DisconnectionError`` is the pool's retry signal)."""
+    idle_since = record.info.get("idle_since")
+    if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE:
+        return
+    autocommit = dbapi_conn.autocommit
+    try:
+        dbapi_conn.autocommit = True
+        cursor = dbapi_conn.cursor()
+        cursor.execute("SELECT 1")
+        cursor.close()
+    except Exception as error:
+        raise exc.DisconnectionError() from error
+    finally:
+        if not dbapi_conn.closed:
+            dbapi_conn.autocommit = autocommit
 
 
 @lru_cache(maxsize=8)
@@ -33,13 +76,25 @@ def get_engine(url: str) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
+    engine = create_engine(url, pool_recycle=RECYCLE_SECONDS, pool_size=10, max_overflow=40)
+    event.listen(engine.pool, "checkin", _checked_in)
+    event.listen(engine.pool, "checkout", _ping_if_idle)
+    return engine
+
+
+@lru_cache(maxsize=8)
+def autocommit_engine(url: str) -> Engine:
+    """The same pool, each statement committed on its own: for a single
+    statement that is its own transaction (no ``BEGIN``/``COMMIT`` round trips)."""
+    return get_engine(url).execution_options(isolation_level="AUTOCOMMIT")
 
 
 @contextmanager
-def session_scope(url: str) -> Iterator[Session]:
-    """A session whose transaction commits on success and rolls back on error."""
-    with Session(get_engine(url), expire_on_commit=False) as session:
+def session_scope(url: str, *, autocommit: bool = False) -> Iterator[Session]:
+    """A session whose transaction commits on success and rolls back on error;
+    with ``autocommit``, every statement commits as it runs."""
+    engine = autocommit_engine(url) if autocommit else get_engine(url)
+    with Session(engine, expire_on_commit=False) as session:
         try:
             yield session
             session.commit()

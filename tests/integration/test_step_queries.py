@@ -1,0 +1,189 @@
+"""What one agent step costs Postgres, counted from the engine's own statements.
+
+A Celery worker with a threads pool runs in this process (as ``chorus
+local`` does, on its own Redis prefix so no other worker takes its tasks),
+sharing this process's engine; listeners on that engine count, per task,
+the statements it executes, the transactions that ran at least one, and
+the round trips these cost: one per statement, one for the ``BEGIN``
+psycopg sends before a transaction's first statement, one for its
+``COMMIT`` or ``ROLLBACK``, and one per ping of a connection that sat idle
+in the pool. A statement run in autocommit mode is its own transaction
+without ``BEGIN``/``COMMIT``: it counts as one round trip, and a write
+among them as a commit (``commits`` = transactions + such writes).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from celery.signals import task_postrun, task_prerun
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+
+from orchestrator import Client, Settings
+from orchestrator.local import in_process_worker
+from orchestrator.store.db import PING_AFTER_IDLE, get_engine
+
+pytestmark = pytest.mark.integration
+
+#: Tool steps of the measured turn (the agent then answers in one more step).
+STEPS = 6
+#: Targets per 4-tool step: chorus.step, 4 x chorus.tool, chorus.advance.
+MAX_TRANSACTIONS = 5
+MAX_ROUND_TRIPS = 30
+
+
+@dataclass
+class Cost:
+    """What one task cost Postgres."""
+
+    task: str
+    args: tuple[Any, ...]
+    statements: int = 0
+    transactions: int = 0
+    commits: int = 0  # transactions, and writes committed on their own (autocommit)
+    round_trips: int = 0
+
+    def add(self, other: Cost) -> None:
+        self.statements += other.statements
+        self.transactions += other.transactions
+        self.commits += other.commits
+        self.round_trips += other.round_trips
+
+
+@dataclass
+class Meter:
+    """Counts the statements of the task running in each worker thread."""
+
+    costs: list[Cost] = field(default_factory=list)
+    local: threading.local = field(default_factory=threading.local)
+    open: dict[int, bool] = field(default_factory=dict)  # connection -> statements since BEGIN
+
+    def current(self) -> Cost | None:
+        return getattr(self.local, "cost", None)
+
+    def prerun(self, task: Any = None, args: Any = (), **_: Any) -> None:
+        self.local.cost = Cost(task.name, tuple(args or ()))
+
+    def postrun(self, **_: Any) -> None:
+        cost = self.current()
+        if cost is not None:
+            self.costs.append(cost)
+        self.local.cost = None
+
+    def statement(self, conn: Connection, _cursor: Any, sql: str, *_: Any) -> None:
+        cost = self.current()
+        if cost is None:
+            return
+        if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
+            # its own transaction, without BEGIN or COMMIT round trips
+            cost.statements += 1
+            cost.round_trips += 1
+            if not sql.lstrip().upper().startswith("SELECT"):
+                cost.commits += 1
+            return
+        if self.open.get(id(conn)) is False:  # psycopg sends BEGIN before the first
+            self.open[id(conn)] = True
+            cost.transactions += 1
+            cost.commits += 1
+            cost.round_trips += 1
+        cost.statements += 1
+        cost.round_trips += 1
+
+    def begin(self, conn: Connection) -> None:
+        if self.current() is not None:
+            self.open[id(conn)] = False
+
+    def end(self, conn: Connection) -> None:
+        cost = self.current()
+        if cost is not None and self.open.pop(id(conn), False):
+            cost.round_trips += 1  # COMMIT or ROLLBACK
+
+    def checkout(self, _dbapi: Any, record: Any, *_: Any) -> None:
+        cost = self.current()
+        if cost is None:
+            return
+        idle_since = record.info.get("idle_since")
+        if idle_since is not None and time.monotonic() - idle_since >= PING_AFTER_IDLE:
+            cost.round_trips += 1  # a connection idle a while is pinged
+
+
+@pytest.fixture()
+def meter(settings: Settings) -> Iterator[tuple[Settings, Meter]]:
+    own = settings.model_copy(update={"redis_prefix": f"chorus-queries-{uuid.uuid4().hex[:8]}"})
+    engine = get_engine(own.db_url)
+    meter = Meter()
+    hooks: list[tuple[Any, str, Any]] = [
+        (engine, "before_cursor_execute", meter.statement),
+        (engine, "begin", meter.begin),
+        (engine, "commit", meter.end),
+        (engine, "rollback", meter.end),
+    ]
+    assert not engine.pool._pre_ping  # type: ignore[attr-defined]
+    hooks.append((engine.pool, "checkout", meter.checkout))
+    for target, name, fn in hooks:
+        event.listen(target, name, fn)
+    task_prerun.connect(meter.prerun, weak=False)
+    task_postrun.connect(meter.postrun, weak=False)
+    try:
+        with in_process_worker(own, concurrency=8):
+            yield own, meter
+    finally:
+        task_prerun.disconnect(meter.prerun)
+        task_postrun.disconnect(meter.postrun)
+        for target, name, fn in hooks:
+            event.remove(target, name, fn)
+
+
+def test_a_four_tool_step_costs_few_transactions_and_round_trips(
+    meter: tuple[Settings, Meter],
+) -> None:
+    settings, counted = meter
+    client = Client(settings)
+    try:
+        job = client.submit("four-tools", f"steps={STEPS}")
+        assert job.result(timeout=60) == f"done after {STEPS} steps"
+    finally:
+        client.close()
+    by_step: dict[int, Cost] = {}
+    tasks: dict[str, Cost] = {}
+    for cost in counted.costs:
+        tasks.setdefault(cost.task, Cost(cost.task, ())).add(cost)
+        if cost.task in ("chorus.step", "chorus.advance"):
+            by_step.setdefault(int(cost.args[2]), Cost("step", ())).add(cost)
+    tool_costs = [c for c in counted.costs if c.task == "chorus.tool"]
+    assert len(tool_costs) == 4 * STEPS
+    tools = Cost("tools", ())
+    for c in tool_costs:
+        tools.add(c)
+
+    # a 4-tool step: its chorus.step, its chorus.advance and 4 chorus.tool
+    per_step = Cost("per step", ())
+    for step in range(STEPS):
+        per_step.add(by_step[step])
+    per_step.add(tools)
+    figures = {
+        "transactions": per_step.transactions / STEPS,
+        "commits": per_step.commits / STEPS,
+        "statements": per_step.statements / STEPS,
+        "round trips": per_step.round_trips / STEPS,
+    }
+    print(f"\nPostgres per 4-tool step (mean of {STEPS} steps):")
+    for name, value in figures.items():
+        print(f"  {name:>12}: {value:.1f}")
+    print("per task (mean):")
+    for name, cost in sorted(tasks.items()):
+        n = sum(1 for c in counted.costs if c.task == name)
+        print(
+            f"  {name:>15} x{n:<3} transactions {cost.transactions / n:.2f}  "
+            f"commits {cost.commits / n:.2f}  "
+            f"statements {cost.statements / n:.2f}  round trips {cost.round_trips / n:.2f}"
+        )
+    assert figures["transactions"] <= MAX_TRANSACTIONS
+    assert figures["round trips"] <= MAX_ROUND_TRIPS
