@@ -11,6 +11,8 @@ backstop) stops the tree the way a cancel does, when the time is up.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
@@ -77,19 +79,23 @@ def lock_job(session: Session, job_id: str) -> None:
     session.execute(select(Conversation.id).where(col(Conversation.id) == root).with_for_update())
 
 
+def tree_totals(usage: Usage, tool_calls: int) -> dict[str, Any]:
+    """The job's turn's column updates that add one model call's usage and
+    ``tool_calls`` to its tree totals (atomic increments)."""
+    return {
+        "tree_input_tokens": col(Turn.tree_input_tokens) + usage.input_tokens,
+        "tree_output_tokens": col(Turn.tree_output_tokens) + usage.output_tokens,
+        "tree_cost_usd": col(Turn.tree_cost_usd) + usage.cost_usd,
+        "tree_steps": col(Turn.tree_steps) + 1,
+        "tree_tool_calls": col(Turn.tree_tool_calls) + tool_calls,
+    }
+
+
 def roll_up(session: Session, job_id: str, usage: Usage, tool_calls: int) -> None:
-    """Add one step's usage to the job's tree totals (atomically)."""
+    """Add one model call's usage to the job's tree totals (atomically)."""
     lock_job(session, job_id)
     session.execute(
-        update(Turn)
-        .where(col(Turn.id) == job_id)
-        .values(
-            tree_input_tokens=col(Turn.tree_input_tokens) + usage.input_tokens,
-            tree_output_tokens=col(Turn.tree_output_tokens) + usage.output_tokens,
-            tree_cost_usd=col(Turn.tree_cost_usd) + usage.cost_usd,
-            tree_steps=col(Turn.tree_steps) + 1,
-            tree_tool_calls=col(Turn.tree_tool_calls) + tool_calls,
-        )
+        update(Turn).where(col(Turn.id) == job_id).values(**tree_totals(usage, tool_calls))
     )
 
 

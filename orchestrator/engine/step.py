@@ -11,6 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, or_, update
+from sqlalchemy.orm import aliased
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from orchestrator import registry
@@ -23,8 +25,9 @@ from orchestrator.engine.budget import (
     record_paid,
     roll_up,
     tool_calls_left,
+    tree_totals,
 )
-from orchestrator.engine.cancel import cancel_watch, stop_tree, stopping
+from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.history import model_context
@@ -48,7 +51,16 @@ from orchestrator.ratelimit import RateLimited, admit, record_output, request_to
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
 from orchestrator.store.values import storable_text
-from schemas import AgentSpec, Event, EventName, TextBlock, ThinkingBlock, ToolCallBlock, TurnStatus
+from schemas import (
+    AgentSpec,
+    ConversationState,
+    Event,
+    EventName,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    TurnStatus,
+)
 from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
 
@@ -66,22 +78,46 @@ def new_lease_owner() -> str:
     return uuid.uuid4().hex
 
 
-def _take_lease(rt: Runtime, session: Session, conv: Conversation, owner: str) -> bool:
+def _take_lease(
+    rt: Runtime, ids: tuple[str, str, int], owner: str
+) -> tuple[Conversation, Turn, Turn] | None:
+    """Take the model-call lease if the cursor is at this step, no live lease
+    is held by another copy and the job is not being stopped: one statement,
+    committed on its own, that returns the conversation, the turn and the
+    job's turn. None: this copy leaves."""
+    conversation_id, turn_id, step = ids
+    job = aliased(Turn)
     now = utcnow()
-    result = session.execute(
-        update(Conversation)
-        .where(
-            col(Conversation.id) == conv.id,
-            col(Conversation.version) == conv.version,
-            or_(
-                col(Conversation.lease_until).is_(None),
-                col(Conversation.lease_until) < now,
-                col(Conversation.lease_owner) == owner,
-            ),
-        )
-        .values(lease_owner=owner, lease_until=now + timedelta(seconds=rt.settings.lease_seconds))
-    )
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    with rt.autocommit() as session:
+        found = session.execute(
+            update(Conversation)
+            .where(
+                col(Conversation.id) == conversation_id,
+                col(Conversation.state) == ConversationState.RUNNING.value,
+                col(Conversation.turn_id) == turn_id,
+                col(Conversation.cursor_step) == step,
+                col(Conversation.cursor_segment) == -1,
+                or_(
+                    col(Conversation.lease_until).is_(None),
+                    col(Conversation.lease_until) < now,
+                    col(Conversation.lease_owner) == owner,
+                ),
+                col(Turn.id) == turn_id,
+                col(Turn.conversation_id) == Conversation.id,
+                col(job.id) == func.coalesce(Turn.job_id, Turn.id),
+                col(job.stop_status).is_(None),
+            )
+            .values(
+                lease_owner=owner, lease_until=now + timedelta(seconds=rt.settings.lease_seconds)
+            )
+            .returning(Conversation, Turn)
+            .execution_options(synchronize_session=False)
+        ).first()
+        if found is None:
+            return None
+        conv, turn = found
+        job_turn = turn if turn.job_id in (None, turn.id) else job_of(session, turn)
+    return conv, turn, job_turn
 
 
 def _release_lease(
@@ -97,24 +133,25 @@ def _release_lease(
     )
 
 
-def _no_call(
-    session: Session, outbox: Outbox, conv: Conversation, turn: Turn, spec: AgentSpec, step: int
-) -> list[Action] | None:
-    """Why this step makes no model call (what to run instead), or None."""
-    if stopping(session, turn):
-        log.info("step %s of %s: the job is being stopped; leaving", step, turn.id)
-        return []
-    if step >= spec.max_steps:
+def _past_max_steps(
+    rt: Runtime, ids: tuple[str, str, int], owner: str, max_steps: int
+) -> list[Action]:
+    """The turn made ``max_steps`` model calls without an answer: it fails."""
+    conversation_id, turn_id, step = ids
+    with rt.transaction() as (session, outbox):
+        loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+        if loaded is None:
+            return []
+        conv, turn = loaded
         ended = finish_turn(
             session,
             outbox,
             conv,
             turn,
             TurnStatus.FAILED,
-            error=f"no final answer within max_steps={spec.max_steps}",
+            error=f"no final answer within max_steps={max_steps}",
         )
-        return ended or []
-    return None
+    return ended or []
 
 
 def _defer(session: Session, conv: Conversation, countdown: float) -> RunStep:
@@ -154,39 +191,39 @@ def _run_step(
 ) -> list[Action]:
     began = time.monotonic()
     warm()  # before admission: an admitted call is sent at once, not after imports
-    with rt.transaction() as (session, outbox):
-        conv = session.get(Conversation, conversation_id)
-        if conv is None or not is_current(conv, turn_id, step, -1):
-            return []
-        if not _take_lease(rt, session, conv, owner):
-            log.info("step %s of %s: a live lease is held elsewhere; leaving", step, turn_id)
-            return []
-        turn = session.get(Turn, turn_id)
-        assert turn is not None
-        bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
-        spec = AgentSpec.model_validate(conv.agent_spec)
-        refused = _no_call(session, outbox, conv, turn, spec, step)
-        if refused is not None:
-            return refused
-        job = job_of(session, turn)
-        over = exceeded(job)
-        if over is not None:
+    ids = (conversation_id, turn_id, step)
+    taken = _take_lease(rt, ids, owner)
+    if taken is None:
+        log.info("step %s of %s: moved on, leased elsewhere or stopping; leaving", step, turn_id)
+        return []
+    conv, turn, job = taken
+    bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
+    spec = AgentSpec.model_validate(conv.agent_spec)
+    if step >= spec.max_steps:
+        return _past_max_steps(rt, ids, owner, spec.max_steps)
+    over = exceeded(job)
+    admitted = Outbox()  # llm.requested, stored with what this step stores next
+    if over is not None:
+        with rt.autocommit() as session:
             _release_lease(session, conversation_id)
-            job_id = job.id
-        else:
-            tools_allowed = tool_calls_left(job) != 0
-            system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
-            messages = to_openai_messages(system, model_context(session, conv.id, spec))
-            tools = _offered_tools(spec) if tools_allowed else []
-            size = request_tokens(messages, tools)
-            fits = spec.context_tokens is None or size <= spec.context_tokens
-            # past the context limit a checkpoint comes first, and admission after it
-            wait = _admit(rt, outbox, conv, turn, step, spec, size) if fits else 0.0
-            if wait > 0:
+        job_id = job.id
+    else:
+        tools_allowed = tool_calls_left(job) != 0
+        system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
+        with rt.autocommit() as session:
+            history = model_context(session, conv.id, spec)
+        messages = to_openai_messages(system, history)
+        tools = _offered_tools(spec) if tools_allowed else []
+        size = request_tokens(messages, tools)
+        fits = spec.context_tokens is None or size <= spec.context_tokens
+        # past the context limit a checkpoint comes first, and admission after it
+        wait = _admit(rt, admitted, conv, turn, step, spec, size) if fits else 0.0
+        if wait > 0:
+            with rt.autocommit() as session:
                 return [_defer(session, conv, wait)]
-        correlation_id = turn.correlation_id
-        root_id = conv.root_id
-        context_data = turn.context_data
+    correlation_id = turn.correlation_id
+    root_id = conv.root_id
+    context_data = turn.context_data
     if over is not None:
         revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over, budget=True)
         return [*actions, Revoke(tuple(revoke))]
@@ -226,7 +263,9 @@ def _run_step(
                 should_stop=cancel_watch(rt, correlation_id),
             )
     except ModelError as exc:
-        return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
+        return _model_failed(
+            rt, conversation_id, turn_id, step, owner, exc, spec.retry, admitted=admitted
+        )
     record_output(
         rt.redis,
         rt.settings.redis_prefix,
@@ -237,22 +276,32 @@ def _run_step(
         rt.settings.rate_limit_allowance,
     )
     if lease.lost.is_set() or reply.stopped:
-        return _left(rt, (conversation_id, turn_id, step), reply, lost=lease.lost.is_set())
-    return _persist(
-        rt, conversation_id, turn_id, step, owner, reply, (started, began), tools_allowed
-    )
+        return _left(rt, ids, reply, admitted, lost=lease.lost.is_set())
+    return _persist(rt, ids, owner, reply, (started, began), tools_allowed, admitted)
 
 
-def _left(rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, *, lost: bool) -> list[Action]:
+def _carried(admitted: Outbox | None) -> Outbox:
+    """An outbox for the next transaction, holding the events recorded
+    before it (``llm.requested``); a rollback of that transaction leaves
+    ``admitted`` as it was, for the one that follows."""
+    return Outbox(pending=list(admitted.pending) if admitted is not None else [])
+
+
+def _left(
+    rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, admitted: Outbox, *, lost: bool
+) -> list[Action]:
     """The call ended but its reply is not this copy's to store: another copy
     took the lease (the usage still counts: the provider was paid) or the
-    job was cancelled."""
+    job was cancelled (the request is still recorded)."""
     conversation_id, turn_id, step = ids
     if lost:
         log.warning("step %d: another copy took the lease; leaving without persisting", step)
-        _record_superseded(rt, conversation_id, turn_id, step, reply)
+        _record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
     else:
         log.info("step %d: model call stopped: the job was cancelled", step)
+        if admitted.pending:
+            with rt.transaction(_carried(admitted)):
+                pass
     return []
 
 
@@ -338,11 +387,21 @@ def _load_owned(
 ) -> tuple[Conversation, Turn] | None:
     # The conversation row first: the one lock order (conversation → tool
     # calls → turns → job turn → event sequence) that a stop follows too.
-    conv = session.get(Conversation, conversation_id, with_for_update=True, populate_existing=True)
-    if conv is None or not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
+    found = session.exec(
+        select(Conversation, Turn)
+        .where(
+            col(Conversation.id) == conversation_id,
+            col(Turn.id) == turn_id,
+            col(Turn.conversation_id) == Conversation.id,
+        )
+        .with_for_update(of=Conversation)
+        .execution_options(populate_existing=True)
+    ).first()
+    if found is None:
         return None
-    turn = session.get(Turn, turn_id)
-    assert turn is not None
+    conv, turn = found
+    if not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
+        return None
     return conv, turn
 
 
@@ -354,10 +413,11 @@ def _model_failed(
     owner: str,
     exc: ModelError,
     retry: RetryPolicy,
+    admitted: Outbox | None = None,
 ) -> list[Action]:
     """Retry a retryable failure after a backoff (the task ends; a new one
     is sent with a countdown, so no worker slot waits), else fail the turn."""
-    with rt.transaction() as (session, outbox):
+    with rt.transaction(_carried(admitted)) as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
@@ -478,20 +538,20 @@ def _output_attempts(session: Session, turn_id: str) -> int:
 
 def _persist(
     rt: Runtime,
-    conversation_id: str,
-    turn_id: str,
-    step: int,
+    ids: tuple[str, str, int],
     owner: str,
     reply: ModelReply,
     clocks: tuple[float, float],
     tools_allowed: bool,
+    admitted: Outbox,
 ) -> list[Action]:
     """``clocks``: monotonic times the model call and the step task began."""
+    conversation_id, turn_id, step = ids
     actions = _persist_owned(
-        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed
+        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed, admitted
     )
     if actions is None:  # the lease was lost or the cursor moved while the model ran
-        _record_superseded(rt, conversation_id, turn_id, step, reply)
+        _record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
         return []
     return actions
 
@@ -505,9 +565,10 @@ def _persist_owned(
     reply: ModelReply,
     clocks: tuple[float, float],
     tools_allowed: bool,
+    admitted: Outbox,
 ) -> list[Action] | None:
     """Store the reply if this copy still owns the step; None if it does not."""
-    with rt.transaction() as (session, outbox):
+    with rt.transaction(_carried(admitted)) as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return None
@@ -520,11 +581,11 @@ def _persist_owned(
             session, turn_id
         ) >= spec.output_retries:
             verdict = "give-up"
-        totals = _add_usage(session, outbox, conv, turn, step, reply, clocks)
         job = job_of(session, turn)
         left = tool_calls_left(job)
         runs = len(reply.tool_calls) if verdict == "tools" else 0
-        roll_up(session, job.id, reply.usage, runs if left is None else min(runs, left))
+        runs = runs if left is None else min(runs, left)
+        totals = _add_usage(session, outbox, conv, (turn, job), step, reply, clocks, runs)
         if verdict == "tools":
             actions = _record_calls(
                 session, outbox, conv, turn, spec, step, reply, totals, errors, left
@@ -544,11 +605,16 @@ def _persist_owned(
 
 
 def _record_superseded(
-    rt: Runtime, conversation_id: str, turn_id: str, step: int, reply: ModelReply
+    rt: Runtime,
+    conversation_id: str,
+    turn_id: str,
+    step: int,
+    reply: ModelReply,
+    admitted: Outbox | None = None,
 ) -> None:
     """A reply that is not stored was still paid for: add its usage to the
     job's tree totals and say so in a ``usage`` event (``superseded``)."""
-    with rt.transaction() as (session, outbox):
+    with rt.transaction(_carried(admitted)) as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         turn = session.get(Turn, turn_id)
         if conv is None or turn is None:
@@ -560,12 +626,21 @@ def _add_usage(
     session: Session,
     outbox: Outbox,
     conv: Conversation,
-    turn: Turn,
+    turns: tuple[Turn, Turn],
     step: int,
     reply: ModelReply,
     clocks: tuple[float, float],
+    tool_calls: int,
 ) -> dict[str, Any]:
-    """Store the assistant message and its usage; return the conversation's new totals."""
+    """Store the assistant message and its usage, add the usage and the
+    ``tool_calls`` that run to the job's tree totals; return the
+    conversation's new totals. ``turns``: the turn and its job's turn.
+
+    The turn's own usage and, for a job's own turn, the tree totals are
+    one update of the turn's row: the conversation's row, locked first, is
+    the root's, which orders every writer of the job's turn (a subagent's
+    step takes the root's row first, :func:`~orchestrator.engine.budget.lock_job`)."""
+    turn, job = turns
     model_began, step_began = clocks
     content: list[ContentBlock] = []
     if reply.thinking:
@@ -587,11 +662,19 @@ def _add_usage(
             cost_usd=usage.cost_usd,
         )
     )
-    turn.steps = step + 1
-    turn.input_tokens += usage.input_tokens
-    turn.output_tokens += usage.output_tokens
-    turn.cost_usd += usage.cost_usd
-    session.add(turn)
+    own: dict[str, Any] = {
+        "steps": step + 1,
+        "input_tokens": col(Turn.input_tokens) + usage.input_tokens,
+        "output_tokens": col(Turn.output_tokens) + usage.output_tokens,
+        "cost_usd": col(Turn.cost_usd) + usage.cost_usd,
+    }
+    combined = job.id == turn.id and conv.id == conv.root_id
+    if combined:
+        own.update(tree_totals(usage, tool_calls))
+    session.execute(update(Turn).where(col(Turn.id) == turn.id).values(**own))
+    set_committed_value(turn, "steps", step + 1)
+    if not combined:
+        roll_up(session, job.id, usage, tool_calls)
     now = time.monotonic()
     outbox.record(
         EventName.LLM_COMPLETED,
