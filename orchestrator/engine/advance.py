@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func
+from sqlalchemy import ColumnElement, exists, func
+from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
-from orchestrator.engine.cancel import stopping
-from orchestrator.engine.cursor import is_current, move_cursor
+from orchestrator.engine.cursor import move_cursor_from
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow, Turn
+from orchestrator.store.tables import CALL_FINISHED, MessageRow, ToolCallRow, Turn
 from schemas import ToolResultBlock
 
 
@@ -19,42 +19,53 @@ def advance(
     """If every call of ``segment`` has its result, dispatch the next
     segment, or store the step's tool results and call the model again.
 
-    Two copies racing here both read the same version; the update
-    ``WHERE version = :v`` lets exactly one through.
+    One read (the step's calls, none while a call of the segment is still
+    out) and one compare-and-set of the cursor on its position, which also
+    refuses once the job is being stopped: of two racing copies exactly one
+    moves it. The tool results message commits with the move.
     """
+    pending = aliased(ToolCallRow)
     with rt.session() as session:
-        conv = session.get(Conversation, conversation_id)
-        if conv is None or not is_current(conv, turn_id, step, segment):
-            return []
-        turn = session.get(Turn, turn_id)
-        if turn is None or stopping(session, turn):
-            return []  # the job is being stopped: nothing more runs
-        # Count before loading: with N subagents, N-1 of their advances find
-        # work still out, and should not each read all N calls.
-        pending = session.exec(
-            select(func.count())
-            .select_from(ToolCallRow)
-            .where(
-                ToolCallRow.turn_id == turn_id,
-                ToolCallRow.step == step,
-                ToolCallRow.segment == segment,
-                col(ToolCallRow.status).not_in(CALL_FINISHED),
-            )
-        ).one()
-        if pending:
-            return []  # a part is still out; its own advance (or the sweeper) comes later
+        # None while a part is still out (its own advance, or the sweeper,
+        # comes later): with N subagents, N-1 of their advances find work
+        # out and read no call.
         calls = session.exec(
             select(ToolCallRow)
-            .where(ToolCallRow.turn_id == turn_id, ToolCallRow.step == step)
+            .where(
+                col(ToolCallRow.turn_id) == turn_id,
+                col(ToolCallRow.step) == step,
+                ~exists().where(
+                    col(pending.turn_id) == turn_id,
+                    col(pending.step) == step,
+                    col(pending.segment) == segment,
+                    col(pending.status).not_in(CALL_FINISHED),
+                ),
+            )
             .order_by(col(ToolCallRow.position))
         ).all()
+        if not calls:
+            return []
+        position = (turn_id, step, segment)
         last = max(c.segment for c in calls)
         if segment < last:
-            if not move_cursor(session, conv, cursor_segment=segment + 1):
+            if not move_cursor_from(
+                session,
+                conversation_id,
+                position,
+                _not_stopping(turn_id),
+                cursor_segment=segment + 1,
+            ):
                 return []
             nxt = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.segment == segment + 1)
             return [RunSegment(conversation_id, turn_id, step, segment + 1, nxt)]
-        if not move_cursor(session, conv, cursor_step=step + 1, cursor_segment=-1):
+        if not move_cursor_from(
+            session,
+            conversation_id,
+            position,
+            _not_stopping(turn_id),
+            cursor_step=step + 1,
+            cursor_segment=-1,
+        ):
             return []
         blocks = [
             ToolResultBlock(
@@ -73,3 +84,12 @@ def advance(
             )
         )
     return [RunStep(conversation_id, turn_id, step + 1)]
+
+
+def _not_stopping(turn_id: str) -> ColumnElement[bool]:
+    """The job of ``turn_id`` is not being stopped (then nothing more runs)."""
+    turn, job = aliased(Turn), aliased(Turn)
+    job_id = (
+        select(func.coalesce(turn.job_id, turn.id)).where(col(turn.id) == turn_id).scalar_subquery()
+    )
+    return ~exists().where(col(job.id) == job_id, col(job.stop_status).is_not(None))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import ColumnElement, update
 from sqlmodel import Session, col
 
 from orchestrator.engine.actions import Action, Dequeue
@@ -25,6 +25,35 @@ def move_cursor(session: Session, conv: Conversation, **values: Any) -> bool:
         update(Conversation)
         .where(col(Conversation.id) == conv.id, col(Conversation.version) == conv.version)
         .values(version=conv.version + 1, progress_at=utcnow(), **values)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def move_cursor_from(
+    session: Session,
+    conversation_id: str,
+    position: tuple[str, int, int],
+    *where: ColumnElement[bool],
+    **values: Any,
+) -> bool:
+    """Move the cursor of a running conversation that is still at
+    ``position`` (turn, step, segment) and matches ``where``: a
+    compare-and-set on the position itself, in one update (no read first).
+    Of racing copies exactly one moves it: the others' update finds the
+    position gone once the winner commits."""
+    turn_id, step, segment = position
+    values = {"redispatches": 0, "due_at": None, **values}
+    result = session.execute(
+        update(Conversation)
+        .where(
+            col(Conversation.id) == conversation_id,
+            col(Conversation.state) == ConversationState.RUNNING.value,
+            col(Conversation.turn_id) == turn_id,
+            col(Conversation.cursor_step) == step,
+            col(Conversation.cursor_segment) == segment,
+            *where,
+        )
+        .values(version=col(Conversation.version) + 1, progress_at=utcnow(), **values)
     )
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
