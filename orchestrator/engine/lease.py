@@ -89,7 +89,7 @@ class Heartbeat:
         if not held:
             return
         until = utcnow() + timedelta(seconds=self.rt.settings.lease_seconds)
-        with self.rt.session() as session:
+        with self.rt.autocommit() as session:  # one statement: its own transaction
             kept = set(
                 session.execute(
                     update(Conversation)

@@ -180,7 +180,7 @@ def run_step(
 
 def _give_up_lease(rt: Runtime, conversation_id: str, owner: str) -> None:
     try:
-        with rt.session() as session:
+        with rt.autocommit() as session:
             _release_lease(session, conversation_id, owner)
     except Exception:  # the database itself may be what failed; the lease then expires
         log.warning("could not release the lease of %s", conversation_id, exc_info=True)
