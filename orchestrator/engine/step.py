@@ -49,6 +49,7 @@ from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
+from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
 from orchestrator.store.values import storable_text
 from schemas import (
@@ -89,7 +90,7 @@ def _take_lease(
     job = aliased(Turn)
     now = utcnow()
     with rt.autocommit() as session:
-        found = session.execute(
+        take = (
             update(Conversation)
             .where(
                 col(Conversation.id) == conversation_id,
@@ -110,12 +111,18 @@ def _take_lease(
             .values(
                 lease_owner=owner, lease_until=now + timedelta(seconds=rt.settings.lease_seconds)
             )
-            .returning(Conversation, Turn)
             .execution_options(synchronize_session=False)
-        ).first()
-        if found is None:
-            return None
-        conv, turn = found
+        )
+        if returns_joined_rows(session):
+            found = session.execute(take.returning(Conversation, Turn)).first()
+            if found is None:
+                return None
+            conv, turn = found
+        else:
+            conv = session.execute(take.returning(Conversation)).scalar_one_or_none()
+            if conv is None:
+                return None
+            turn = session.get_one(Turn, turn_id)
         job_turn = turn if turn.job_id in (None, turn.id) else job_of(session, turn)
     return conv, turn, job_turn
 

@@ -20,6 +20,7 @@ from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.logs import bind
 from orchestrator.runtime import Runtime
+from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
 from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools import STOP_POLL, ToolContext, ToolStopped
@@ -132,7 +133,7 @@ def _claim(
     result). Returns the claimed call with its turn and conversation."""
     job = aliased(Turn)
     with rt.autocommit() as session:
-        found = session.execute(
+        claim = (
             update(ToolCallRow)
             .where(
                 col(ToolCallRow.id) == call_id,
@@ -150,13 +151,22 @@ def _claim(
                 started_at=utcnow(),
                 task_id=task_id,
             )
-            .returning(ToolCallRow, Turn, Conversation)
             .execution_options(synchronize_session=False)
-        ).first()
-    if found is None:
-        return None
-    call, turn, conv = found
-    return call, turn, conv
+        )
+        if returns_joined_rows(session):
+            found = session.execute(claim.returning(ToolCallRow, Turn, Conversation)).first()
+            if found is None:
+                return None
+            call, turn, conv = found
+            return call, turn, conv
+        call = session.execute(claim.returning(ToolCallRow)).scalar_one_or_none()
+        if call is None:
+            return None
+        return (
+            call,
+            session.get_one(Turn, call.turn_id),
+            session.get_one(Conversation, call.conversation_id),
+        )
 
 
 def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Action]:

@@ -89,6 +89,12 @@ def autocommit_engine(url: str) -> Engine:
     return get_engine(url).execution_options(isolation_level="AUTOCOMMIT")
 
 
+def returns_joined_rows(session: Session) -> bool:
+    """Can an ``UPDATE … FROM`` return the rows of the tables it joins?
+    Postgres can; SQLite returns only the updated table's columns."""
+    return session.get_bind().dialect.name == "postgresql"
+
+
 @contextmanager
 def session_scope(url: str, *, autocommit: bool = False) -> Iterator[Session]:
     """A session whose transaction commits on success and rolls back on error;
