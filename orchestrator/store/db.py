@@ -76,7 +76,11 @@ def get_engine(url: str) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    engine = create_engine(url, pool_recycle=RECYCLE_SECONDS, pool_size=10, max_overflow=40)
+    # LIFO: the hot path keeps reusing the connections just returned, so
+    # they are not idle long enough to be pinged; the others age out.
+    engine = create_engine(
+        url, pool_recycle=RECYCLE_SECONDS, pool_use_lifo=True, pool_size=10, max_overflow=40
+    )
     event.listen(engine.pool, "checkin", _checked_in)
     event.listen(engine.pool, "checkout", _ping_if_idle)
     return engine
