@@ -49,9 +49,9 @@ def test_example_job_completes_and_postgres_tells_the_story(client: Client, work
         ("assistant", 1),
     ]
     assert messages[-1].content[0]["text"] == answer
-    events = rows(client, EventRow, root_id=job.root_id)
-    seqs = [e.seq for e in events]
-    assert seqs == list(range(1, len(events) + 1))
+    # numbered per root: increasing, unique, not contiguous (docs/architecture.md)
+    events = sorted(rows(client, EventRow, root_id=job.root_id), key=lambda e: e.seq)
+    assert len({e.seq for e in events}) == len(events)
     names = [e.name for e in events]
     assert names[0] == "turn.started" and names[-1] == "turn.completed"
     assert names.count("tool.requested") == 4
