@@ -16,10 +16,18 @@ commits later has an id at or above that bound, so it sorts after
 everything already returned, and a follower that resumes with ``seq > last``
 never misses it. The embedded SQLite file serializes writers, so there an
 event takes the next number of its root and every read sees all committed.
+
+Size. An event describes a change; it does not hold a second copy of what
+the change stored. The one large field of the events in :data:`PREVIEWED`
+(a tool's result, a call's params, an assistant message's text) is carried
+whole up to :data:`PREVIEW_CHARS` characters (of its JSON, or of the text);
+a longer one is cut to that many, with ``truncated: true`` and ``size``, its
+full length. The full value is in the conversation's messages.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +50,32 @@ _XACT_BASE = text(f"(pg_current_xact_id()::text::bigint << {SEQ_BITS})")
 #: good in the statement's snapshot: its transaction is older than the
 #: oldest one still running (Postgres).
 _SNAPSHOT_BOUND = text(f"(pg_snapshot_xmin(pg_current_snapshot())::text::bigint << {SEQ_BITS})")
+
+
+#: Characters of a large field an event carries (see the module's docstring).
+PREVIEW_CHARS = 2000
+#: The field of each event that may be large.
+PREVIEWED = {
+    EventName.TOOL_COMPLETED: "result",
+    EventName.TOOL_FAILED: "result",
+    EventName.SUBAGENT_COMPLETED: "result",
+    EventName.SUBAGENT_FAILED: "result",
+    EventName.SUBAGENT_STOPPED: "result",
+    EventName.TOOL_REQUESTED: "params",
+    EventName.SUBAGENT_REQUESTED: "params",
+    EventName.ASSISTANT_MESSAGE: "text",
+}
+
+
+def preview(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """``data`` with ``data[key]`` cut to :data:`PREVIEW_CHARS` if longer."""
+    value = data.get(key)
+    if value is None or isinstance(value, bool | int | float):
+        return data
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if len(text) <= PREVIEW_CHARS:
+        return data
+    return {**data, key: text[:PREVIEW_CHARS], "truncated": True, "size": len(text)}
 
 
 def visible_below(session: Session) -> ColumnElement[bool] | None:
@@ -113,7 +147,11 @@ class Outbox:
         **data: Any,
     ) -> None:
         """Add an event about ``conv`` in ``turn`` to this transaction
-        (``turn`` None: a conversation that never ran a turn)."""
+        (``turn`` None: a conversation that never ran a turn). A large
+        field is carried as a preview (see the module's docstring)."""
+        key = PREVIEWED.get(name)
+        if key is not None:
+            data = preview(data, key)
         self.pending.append(
             EventRow(
                 root_id=conv.root_id,

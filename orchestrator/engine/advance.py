@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func
+from sqlalchemy import func, null, update
 from sqlmodel import col, select
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
@@ -71,5 +71,11 @@ def advance(
                 role="user",
                 content=blocks,
             )
+        )
+        # The message is now the results' one copy (docs/architecture.md, Storage).
+        session.execute(
+            update(ToolCallRow)
+            .where(col(ToolCallRow.turn_id) == turn_id, col(ToolCallRow.step) == step)
+            .values(result=null())
         )
     return [RunStep(conversation_id, turn_id, step + 1)]
