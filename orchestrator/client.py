@@ -292,15 +292,16 @@ def _stored(job: Job, correlation_id: str, after: int) -> list[Event]:
         return [row_to_event(r) for r in rows]
 
 
-def _rest(job: Job, correlation_id: str, after: int) -> list[Event]:
+def _rest(job: Job, correlation_id: str, after: int, waiter: _Waiter) -> list[Event]:
     """Every stored event after ``after`` that committed before this call:
-    waits until the transactions older than them have all ended."""
+    waits (within the waiter's timeout) until the transactions older than
+    them have all ended."""
     with job._client.runtime.session() as session:
         horizon = committed_horizon(session)
         pause = CATCH_UP
         while horizon is not None and snapshot_bound(session) < horizon:
             session.rollback()
-            time.sleep(pause)
+            time.sleep(waiter.remaining(pause))
             pause = min(QUIET_POLL, pause * 2)
     return _stored(job, correlation_id, after)
 
@@ -402,7 +403,7 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
                         return
                 if not stored and job.status().status.finished:
                     # Its end is at or before ``since``, or was stored just now.
-                    yield from _rest(job, correlation_id, last)
+                    yield from _rest(job, correlation_id, last, waiter)
                     return
             events = waiter.wait(subscription, behind=announced > last)
             stale = events is None  # on a quiet period, look in Postgres anyway
