@@ -25,7 +25,7 @@ from orchestrator.errors import (
     JobFailedError,
     invalid,
 )
-from orchestrator.events import row_to_event
+from orchestrator.events import committed_horizon, row_to_event, snapshot_bound, visible_below
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
@@ -276,17 +276,34 @@ class Job:
 
 
 def _stored(job: Job, correlation_id: str, after: int) -> list[Event]:
+    """The job's stored events after ``after``, in order, up to the bound
+    below which nothing can commit any more (so resuming after the last one
+    never skips an event that commits later)."""
     with job._client.runtime.session() as session:
-        rows = session.exec(
-            select(EventRow)
-            .where(
-                EventRow.root_id == job.root_id,
-                EventRow.seq > after,
-                EventRow.correlation_id == correlation_id,
-            )
-            .order_by(col(EventRow.seq))
-        ).all()
+        query = select(EventRow).where(
+            EventRow.root_id == job.root_id,
+            EventRow.seq > after,
+            EventRow.correlation_id == correlation_id,
+        )
+        bound = visible_below(session)
+        if bound is not None:
+            query = query.where(bound)
+        rows = session.exec(query.order_by(col(EventRow.seq))).all()
         return [row_to_event(r) for r in rows]
+
+
+def _rest(job: Job, correlation_id: str, after: int, waiter: _Waiter) -> list[Event]:
+    """Every stored event after ``after`` that committed before this call:
+    waits (within the waiter's timeout) until the transactions older than
+    them have all ended."""
+    with job._client.runtime.session() as session:
+        horizon = committed_horizon(session)
+        pause = CATCH_UP
+        while horizon is not None and snapshot_bound(session) < horizon:
+            session.rollback()
+            time.sleep(waiter.remaining(pause))
+            pause = min(QUIET_POLL, pause * 2)
+    return _stored(job, correlation_id, after)
 
 
 def _is_end(job: Job, event: Event) -> bool:
@@ -302,6 +319,10 @@ def _is_end(job: Job, event: Event) -> bool:
 #: happens, up to the maximum, so a thousand idle waiters stay cheap.
 QUIET_POLL = 1.0
 QUIET_POLL_MAX = 10.0
+#: First pause before reading again when an event announced live is stored
+#: but not yet readable (a transaction older than it still runs); doubles
+#: up to ``QUIET_POLL``.
+CATCH_UP = 0.01
 
 
 class _Waiter:
@@ -312,22 +333,30 @@ class _Waiter:
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.poll = QUIET_POLL
+        self.catch_up = CATCH_UP
 
-    def remaining(self) -> float:
-        """Seconds left (unbounded: a quiet poll); raises TimeoutError when spent."""
+    def remaining(self, poll: float) -> float:
+        """Seconds left (unbounded: ``poll``); raises TimeoutError when spent."""
         if self.deadline is None:
-            return self.poll
+            return poll
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"job {self.job.id} did not finish within {self.timeout}s")
-        return min(self.poll, left)
+        return min(poll, left)
 
-    def wait(self, subscription: Subscription) -> list[Event] | None:
+    def wait(self, subscription: Subscription, behind: bool = False) -> list[Event] | None:
         """Live events of the job's tree, or None after a quiet period (the
-        caller then reads Postgres; the next quiet period is longer)."""
-        entries = subscription.wait(self.remaining())
+        caller then reads Postgres; the next quiet period is longer).
+        ``behind``: an event announced live is not readable yet, so the
+        period is short (and grows while that lasts)."""
+        if behind:
+            poll, self.catch_up = self.catch_up, min(QUIET_POLL, self.catch_up * 2)
+        else:
+            poll, self.catch_up = self.poll, CATCH_UP
+        entries = subscription.wait(self.remaining(poll))
         if not entries:
-            self.poll = min(QUIET_POLL_MAX, self.poll * 2)
+            if not behind:
+                self.poll = min(QUIET_POLL_MAX, self.poll * 2)
             return None
         self.poll = QUIET_POLL
         return [Event.model_validate_json(fields["e"]) for _, fields in entries]
@@ -363,6 +392,7 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
     waiter = _Waiter(job, timeout)
     with job._client.streams.subscribe(_stream(job)) as subscription:
         stale = True
+        announced = last  # the highest seq seen live
         while True:
             if stale:
                 stored = _stored(job, correlation_id, last)
@@ -373,9 +403,9 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
                         return
                 if not stored and job.status().status.finished:
                     # Its end is at or before ``since``, or was stored just now.
-                    yield from _stored(job, correlation_id, last)
+                    yield from _rest(job, correlation_id, last, waiter)
                     return
-            events = waiter.wait(subscription)
+            events = waiter.wait(subscription, behind=announced > last)
             stale = events is None  # on a quiet period, look in Postgres anyway
             for event in events or []:
                 if event.correlation_id != correlation_id:
@@ -384,6 +414,7 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
                     if deltas:
                         yield event
                 elif event.seq > last:
+                    announced = max(announced, event.seq)
                     stale = True
 
 

@@ -1,20 +1,39 @@
 """Events: stored in the transaction of the change they describe, then published.
 
-:class:`Outbox` collects the events of one transaction. ``record`` writes
-each with the next per-root sequence number (a row lock on the root
-conversation orders concurrent writers); after commit, ``publish`` sends
+:class:`Outbox` collects the events of one transaction and stores them with
+one multi-row INSERT just before it commits; after commit, ``publish`` sends
 them to the root's Redis Stream for live followers. Postgres stays the
 source of truth: a follower that misses a live entry reads it from there.
+
+Numbering (``seq``, increasing per root, not contiguous). On Postgres an
+event's ``seq`` is its transaction's id shifted left by :data:`SEQ_BITS`
+plus its index in that transaction, so no row is locked to number events:
+the children of one tree write and commit theirs concurrently. Commit order
+is not xid order, so readers bound what they return with
+:func:`visible_below`: only events of transactions older than every
+transaction still running when the read's snapshot was taken. Whatever
+commits later has an id at or above that bound, so it sorts after
+everything already returned, and a follower that resumes with ``seq > last``
+never misses it. The embedded SQLite file serializes writers, so there an
+event takes the next number of its root and every read sees all committed.
+
+Size. An event describes a change; it does not hold a second copy of what
+the change stored. The one large field of the events in :data:`PREVIEWED`
+(a tool's result, a call's params, an assistant message's text) is carried
+whole up to :data:`PREVIEW_CHARS` characters (of its JSON, or of the text);
+a longer one is cut to that many, with ``truncated: true`` and ``size``, its
+full length. The full value is in the conversation's messages.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from sqlalchemy import update
+from sqlalchemy import BigInteger, ColumnElement, func, insert, literal, select, text
 from sqlmodel import Session, col
 
 from orchestrator.keys import events_stream
@@ -22,6 +41,72 @@ from orchestrator.store.tables import Conversation, EventRow, Turn, utcnow
 from schemas import Event, EventName
 
 log = logging.getLogger(__name__)
+
+#: Bits of ``seq`` that number the events within one transaction (Postgres).
+SEQ_BITS = 20
+#: ``seq`` of the first event of this transaction (Postgres).
+_XACT_BASE = text(f"(pg_current_xact_id()::text::bigint << {SEQ_BITS})")
+#: Every event with a ``seq`` below this is committed (or rolled back) for
+#: good in the statement's snapshot: its transaction is older than the
+#: oldest one still running (Postgres).
+_SNAPSHOT_BOUND = text(f"(pg_snapshot_xmin(pg_current_snapshot())::text::bigint << {SEQ_BITS})")
+
+
+#: Characters of a large field an event carries (see the module's docstring).
+PREVIEW_CHARS = 2000
+#: The field of each event that may be large.
+PREVIEWED = {
+    EventName.TOOL_COMPLETED: "result",
+    EventName.TOOL_FAILED: "result",
+    EventName.SUBAGENT_COMPLETED: "result",
+    EventName.SUBAGENT_FAILED: "result",
+    EventName.SUBAGENT_STOPPED: "result",
+    EventName.TOOL_REQUESTED: "params",
+    EventName.SUBAGENT_REQUESTED: "params",
+    EventName.ASSISTANT_MESSAGE: "text",
+}
+
+
+def preview(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """``data`` with ``data[key]`` cut to :data:`PREVIEW_CHARS` if longer."""
+    value = data.get(key)
+    if value is None or isinstance(value, bool | int | float):
+        return data
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if len(text) <= PREVIEW_CHARS:
+        return data
+    return {**data, key: text[:PREVIEW_CHARS], "truncated": True, "size": len(text)}
+
+
+def visible_below(session: Session) -> ColumnElement[bool] | None:
+    """The condition a read of stored events adds so that nothing it leaves
+    out can later commit below what it returned (None: no bound needed)."""
+    if _dialect(session) != "postgresql":
+        return None
+    return col(EventRow.seq) < _SNAPSHOT_BOUND
+
+
+def snapshot_bound(session: Session) -> int:
+    """The bound :func:`visible_below` applies in a statement run now (Postgres)."""
+    return int(session.execute(select(_SNAPSHOT_BOUND)).scalar_one())
+
+
+def committed_horizon(session: Session) -> int | None:
+    """A ``seq`` that every transaction committed before this call sorts
+    below: once :func:`visible_below` reaches it, a read sees them all
+    (None: every read already does)."""
+    if _dialect(session) != "postgresql":
+        return None
+    return int(
+        session.execute(
+            text(f"SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint << {SEQ_BITS}")
+        ).scalar_one()
+    )
+
+
+def _dialect(session: Session) -> str:
+    bind = session.get_bind()
+    return bind.dialect.name
 
 
 def row_to_event(row: EventRow) -> Event:
@@ -43,13 +128,15 @@ class Outbox:
     """Events of one transaction: numbered and stored just before it commits
     (:meth:`flush`), published once it has (:meth:`publish`).
 
-    Reserving every sequence number of the transaction with one update of
-    the root row keeps that row's lock short: concurrent tool calls of one
-    tree queue on it only for the commit, not for the whole transaction.
+    Numbering takes no lock: concurrent transactions of one tree (the
+    children of a fan-out, parallel tool calls) store their events side by
+    side and are ordered by their transaction ids.
     """
 
     pending: list[EventRow] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    #: Events of this transaction stored so far (their index in it).
+    numbered: int = 0
 
     def record(
         self,
@@ -60,7 +147,11 @@ class Outbox:
         **data: Any,
     ) -> None:
         """Add an event about ``conv`` in ``turn`` to this transaction
-        (``turn`` None: a conversation that never ran a turn)."""
+        (``turn`` None: a conversation that never ran a turn). A large
+        field is carried as a preview (see the module's docstring)."""
+        key = PREVIEWED.get(name)
+        if key is not None:
+            data = preview(data, key)
         self.pending.append(
             EventRow(
                 root_id=conv.root_id,
@@ -80,22 +171,54 @@ class Outbox:
         self.pending.clear()
 
     def flush(self, session: Session) -> None:
-        """Number the pending events per root and add them to ``session``."""
-        roots: dict[str, list[EventRow]] = {}
-        for row in self.pending:
-            roots.setdefault(row.root_id, []).append(row)
-        for root_id, rows in roots.items():
-            last = session.execute(
-                update(Conversation)
-                .where(col(Conversation.id) == root_id)
-                .values(event_seq=col(Conversation.event_seq) + len(rows))
-                .returning(col(Conversation.event_seq))
-            ).scalar_one()
-            for offset, row in enumerate(rows):
-                row.seq = last - len(rows) + 1 + offset
-            session.add_all(rows)
-        self.events.extend(row_to_event(r) for r in self.pending)
-        self.pending.clear()
+        """Store the pending events with one INSERT, numbering them (see the
+        module's docstring), and keep them for :meth:`publish`."""
+        if not self.pending:
+            return
+        rows, self.pending = self.pending, []
+        postgres = _dialect(session) == "postgresql"
+        index = self.numbered
+        self.numbered += len(rows)
+        if self.numbered >= 1 << SEQ_BITS:
+            raise ValueError(f"more than {1 << SEQ_BITS} events in one transaction")
+        in_root: dict[str, int] = {}
+        values = []
+        for offset, row in enumerate(rows, start=index):
+            seq: ColumnElement[int]
+            if postgres:
+                seq = _XACT_BASE + literal(offset, BigInteger)
+            else:  # one writer at a time: the root's next numbers
+                n = in_root[row.root_id] = in_root.get(row.root_id, 0) + 1
+                last = (
+                    select(func.coalesce(func.max(EventRow.seq), 0))
+                    .where(col(EventRow.root_id) == row.root_id)
+                    .scalar_subquery()
+                )
+                seq = last + literal(n, BigInteger)
+            values.append(
+                {
+                    "root_id": row.root_id,
+                    "seq": seq,
+                    "name": row.name,
+                    "conversation_id": row.conversation_id,
+                    "turn_id": row.turn_id,
+                    "step": row.step,
+                    "correlation_id": row.correlation_id,
+                    "data": row.data,
+                    "created_at": row.created_at,
+                }
+            )
+        stored = session.execute(
+            insert(EventRow).values(values).returning(col(EventRow.id), col(EventRow.seq))
+        ).all()
+        if postgres:
+            base = max(number for _, number in stored) >> SEQ_BITS << SEQ_BITS
+            for offset, row in enumerate(rows, start=index):
+                row.seq = base + offset
+        else:  # ids follow the rows' order in the VALUES list
+            for row, (_, number) in zip(rows, sorted(stored), strict=True):
+                row.seq = number
+        self.events.extend(row_to_event(r) for r in rows)
 
     def publish(self, client: redis.Redis, prefix: str, maxlen: int) -> None:
         """Send to the live streams; a Redis failure is logged, never raised:

@@ -17,7 +17,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from orchestrator import Client, Settings
 from orchestrator.store.migrate import upgrade
-from orchestrator.store.tables import ToolCallRow
+from orchestrator.store.tables import MessageRow, ToolCallRow
 from tests.services import Services, provide_services
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,15 +122,29 @@ class WorkerProcess:
 
 
 def tool_calls(client: Client, turn_id: str) -> list[ToolCallRow]:
-    """The turn's tool call rows, in the order the model made them."""
+    """The turn's tool call rows, in the order the model made them, each with
+    its result: once ``advance`` stored a step's results as its message, the
+    message holds them and the rows do not (docs/architecture.md, Storage)."""
     with client.runtime.session() as s:
-        return list(
+        calls = list(
             s.exec(
                 select(ToolCallRow)
                 .where(ToolCallRow.turn_id == turn_id)
                 .order_by(col(ToolCallRow.step), col(ToolCallRow.position))
             ).all()
         )
+        messages = s.exec(
+            select(MessageRow).where(
+                MessageRow.turn_id == turn_id, MessageRow.kind == "tool_results"
+            )
+        ).all()
+        s.expunge_all()
+    results = {
+        (m.step, block["tool_request_id"]): block["result"] for m in messages for block in m.content
+    }
+    for c in calls:
+        c.result = results.get((c.step, c.tool_request_id), c.result)
+    return calls
 
 
 @pytest.fixture(scope="session")

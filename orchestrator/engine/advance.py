@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, exists, func
+from sqlalchemy import ColumnElement, exists, func, null, update
 from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
@@ -82,6 +82,12 @@ def advance(
                 role="user",
                 content=blocks,
             )
+        )
+        # The message is now the results' one copy (docs/architecture.md, Storage).
+        session.execute(
+            update(ToolCallRow)
+            .where(col(ToolCallRow.turn_id) == turn_id, col(ToolCallRow.step) == step)
+            .values(result=null())
         )
     return [RunStep(conversation_id, turn_id, step + 1)]
 

@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -90,7 +90,6 @@ class Conversation(SQLModel, table=True):
     #: How often the sweeper re-sent the current cursor position; every
     #: cursor move resets it. Past a bound the turn fails.
     redispatches: int = 0
-    event_seq: int = 0
     depth: int = 0
     children: int = 0
     #: ``main``, ``subagent`` or ``checkpoint`` (a summarizer's ephemeral child).
@@ -215,7 +214,8 @@ class EventRow(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     root_id: str = Field(max_length=64)
-    seq: int
+    #: Increasing per root, not contiguous (see ``orchestrator/events.py``).
+    seq: int = Field(sa_type=BigInteger)
     name: str = Field(max_length=64)
     conversation_id: str = Field(max_length=64)
     turn_id: str | None = Field(default=None, max_length=64)
