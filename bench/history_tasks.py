@@ -37,7 +37,7 @@ BLOB_BYTES = 20_000
 #: The longest turn the bench may ask for (AgentSpec caps max_steps at 1000).
 MAX_STEPS = 200
 
-_WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor".split()
+_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 
 
 @tool

@@ -30,7 +30,9 @@ class TransformContext:
     """What a transformer may look at besides the history."""
 
     agent: AgentSpec
-    #: Index in the history of the latest checkpoint's boundary message.
+    #: Index of the latest checkpoint's boundary message in the history the
+    #: chain is given. A chain that starts with ``checkpoint`` is given the
+    #: history from the boundary on (0 here): nothing before it is loaded.
     boundary: int | None = None
     summary: str | None = None
 
@@ -77,7 +79,9 @@ def drop_orphaned_tool_calls(history: list[Message], _ctx: TransformContext) -> 
             for b in message.content
             if not isinstance(b, ToolCallBlock | ToolResultBlock) or b.tool_request_id in paired
         ]
-        if content:
+        if content and len(content) == len(message.content):
+            out.append(message)  # unchanged: the same object, sent in its cached form
+        elif content:
             out.append(message.model_copy(update={"content": content}))
     return out
 
