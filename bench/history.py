@@ -29,9 +29,10 @@ Redis is ``CHORUS_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``), with
 a fresh key prefix deleted at the end; Postgres is ``CHORUS_DATABASE_URL``
 if set, else a fresh database on ``--admin-url`` dropped at the end.
 
-``--profile``: cProfile (per-thread CPU) around every task after the
-warm-up, printed per step (``bench/step_overhead_tasks.py``'s profiler).
-Profile two runs (``--steps 2`` and ``--steps 51``) to see what grows.
+``--profile``: cProfile (per-thread CPU) around the ``chorus.step`` tasks
+of step 0 and step ``--at`` of the timed turns; printed: the functions
+whose time grew most from step 0 to step ``--at`` (what still costs in
+proportion to the history), ms per step.
 
 Run from the repo root::
 
@@ -72,7 +73,6 @@ from bench._harness import (  # noqa: E402
 )
 
 TASKS_MODULE = "bench.history_tasks"
-PROFILER_MODULE = "bench.step_overhead_tasks"
 TARGET = 1.2
 
 
@@ -161,21 +161,20 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     with ExitStack() as stack:
         db_url = stack.enter_context(database(args.admin_url, run_id))
         stack.callback(purge_redis, redis_url, [prefix])
-        modules = [TASKS_MODULE, *([PROFILER_MODULE] if args.profile else [])]
         os.environ.update(  # this process is the client
             {
                 "CHORUS_REDIS_URL": redis_url,
                 "CHORUS_DATABASE_URL": db_url,
                 "CHORUS_REDIS_PREFIX": prefix,
-                "CHORUS_MODULES": ",".join(modules),
+                "CHORUS_MODULES": TASKS_MODULE,
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             }
         )
         env = worker_env()
         if args.profile:
             profile_dir.mkdir()
-            env["BENCH_PROFILE"] = str(profile_dir)
-            env["BENCH_PROFILE_TIMER"] = "cpu"
+            env["BENCH_HISTORY_PROFILE"] = str(profile_dir)
+            env["BENCH_HISTORY_PROFILE_STEPS"] = f"0,{args.at}"
 
         from orchestrator.store.migrate import upgrade
 
@@ -226,11 +225,39 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         report([per_turn[job_id] for job_id in timed], args.at, args.steps)
 
         if args.profile:
-            from bench.step_overhead import print_profile
-
-            stack.close()  # stop the worker so that it writes its profile
-            print_profile("chorus worker", profile_dir, args.turns * args.steps, args.profile_top)
+            stack.close()  # stop the worker so that it writes its profiles
+            print_growth(profile_dir, args.at, args.turns, args.profile_top)
     return 0
+
+
+def print_growth(directory: Path, at: int, turns: int, top: int) -> None:
+    """The functions of ``chorus.step`` whose CPU grew most from step 0 to step ``at``."""
+    import pstats
+
+    def load(step: int) -> dict[tuple[str, int, str], tuple[float, float, float]]:
+        path = directory / f"step-{step}.pstats"
+        if not path.exists():
+            raise RuntimeError(f"no profile of step {step} (worker did not shut down cleanly?)")
+        raw: dict[Any, Any] = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+        return {
+            f: (nc / turns, tt * 1000 / turns, ct * 1000 / turns)
+            for f, (_, nc, tt, ct, _) in raw.items()
+        }
+
+    first, last = load(0), load(at)
+    rows = []
+    for func, (calls, own, cumulative) in last.items():
+        calls0, own0, cumulative0 = first.get(func, (0.0, 0.0, 0.0))
+        rows.append((cumulative - cumulative0, own - own0, calls - calls0, cumulative0, func))
+    print(f"\nchorus.step profile (thread CPU, cProfile), step 0 -> step {at}, ms per step")
+    for heading, key in (("own time", 1), ("cumulative", 0)):
+        print(f"  -- top {top} by growth of {heading}")
+        print(f"  {'cum@0':>8} {'+cum':>8} {'+own':>8} {'+calls':>8}  function")
+        for row in sorted(rows, key=lambda r: r[key], reverse=True)[:top]:
+            filename, line, name = row[4]
+            where = filename.split("site-packages/")[-1].replace(str(REPO) + "/", "")
+            figures = f"{row[3]:>8.2f} {row[0]:>8.2f} {row[1]:>8.2f} {row[2]:>8.1f}"
+            print(f"  {figures}  {where}:{line}({name})")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,15 @@ Imported by the ``chorus worker`` the bench starts
 - per-task CPU accounting: around every task (``task_prerun`` →
   ``task_postrun``) the CPU time of the thread running it and of the whole
   process, pushed with the task's id, name and start time to the Redis list
-  :func:`cpu_key` after the task is done (outside what it measures).
+  :func:`cpu_key` after the task is done (outside what it measures);
+- with ``BENCH_HISTORY_PROFILE=<dir>`` and ``BENCH_HISTORY_PROFILE_STEPS=0,50``:
+  cProfile (per-thread CPU) around the ``chorus.step`` tasks of those steps,
+  written when the worker shuts down to ``<dir>/step-<n>.pstats``.
 """
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
 import threading
@@ -25,7 +29,7 @@ import time
 from typing import Any
 
 import redis
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_shutdown
 
 from orchestrator import Agent, tool
 from orchestrator.llm.scripted import Reply, call, register_script, scripted_model
@@ -97,12 +101,35 @@ def _redis() -> redis.Redis:
         return _client
 
 
+_PROFILE_DIR = os.environ.get("BENCH_HISTORY_PROFILE")
+_PROFILE_STEPS = {int(s) for s in os.environ.get("BENCH_HISTORY_PROFILE_STEPS", "").split(",") if s}
+_profiles: dict[int, list[cProfile.Profile]] = {}
+
+
+def _profiled_step(task_id: str | None) -> int | None:
+    kind, _, rest = str(task_id).partition(":")
+    if not _PROFILE_DIR or kind != "step" or not os.path.exists(f"{_PROFILE_DIR}/on"):
+        return None  # the bench creates <dir>/on once its warm-up is over
+    step = int(rest.rsplit(":", 1)[1])
+    return step if step in _PROFILE_STEPS else None
+
+
 def _prerun(task_id: str | None = None, **_: Any) -> None:
+    step = _profiled_step(task_id)
+    if step is not None:
+        _local.profile = cProfile.Profile(time.thread_time)
+        with _client_lock:
+            _profiles.setdefault(step, []).append(_local.profile)
+        _local.profile.enable()
     _local.began = (time.time(), time.thread_time(), time.process_time(), task_id)
 
 
 def _postrun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     thread_cpu, process_cpu = time.thread_time(), time.process_time()
+    profile = getattr(_local, "profile", None)
+    if profile is not None:
+        profile.disable()
+        _local.profile = None
     began = getattr(_local, "began", None)
     if began is None or began[3] != task_id:
         return
@@ -118,3 +145,19 @@ def _postrun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
 
 task_prerun.connect(_prerun, weak=False)
 task_postrun.connect(_postrun, weak=False)
+
+
+def _dump_profiles(**_: Any) -> None:
+    import pstats
+
+    with _client_lock:
+        taken = {step: list(profiles) for step, profiles in _profiles.items()}
+    for step, profiles in taken.items():
+        stats = pstats.Stats(profiles[0])
+        for profile in profiles[1:]:
+            stats.add(profile)
+        stats.dump_stats(os.path.join(str(_PROFILE_DIR), f"step-{step}.pstats"))
+
+
+if _PROFILE_DIR:
+    worker_shutdown.connect(_dump_profiles, weak=False)
