@@ -67,10 +67,16 @@ def replace_with_checkpoint(history: list[Message], ctx: TransformContext) -> li
 def drop_orphaned_tool_calls(history: list[Message], _ctx: TransformContext) -> list[Message]:
     """Remove tool calls that never got a result (a failed or cancelled turn),
     and results whose call is gone; providers reject both."""
-    called = {b.tool_request_id for m in history for b in m.content if isinstance(b, ToolCallBlock)}
-    answered = {
-        b.tool_request_id for m in history for b in m.content if isinstance(b, ToolResultBlock)
-    }
+    called: set[str] = set()
+    answered: set[str] = set()
+    for message in history:
+        for block in message.content:
+            if isinstance(block, ToolCallBlock):
+                called.add(block.tool_request_id)
+            elif isinstance(block, ToolResultBlock):
+                answered.add(block.tool_request_id)
+    if called == answered and all(message.content for message in history):
+        return history  # nothing orphaned: every message as it is
     paired = called & answered
     out: list[Message] = []
     for message in history:
