@@ -23,7 +23,10 @@ are medians over ``--turns`` timed turns (a warm-up turn is excluded).
 Printed: CPU ms of step 0 and step ``--at`` (default 50), thread CPU (the
 tasks' own threads) and process CPU (every thread of the worker while a
 task ran), for the ``chorus.step`` task alone and for the whole step, with
-the ratio against the 1.2x target, plus a row every 10 steps.
+the ratio against the 1.2x target, plus a row every 10 steps; and a
+least-squares line through every step of every turn (``fit``: ms at step
+0 + ms more per 10 steps; ``fit x``: the line's step ``--at`` / step 0),
+less noisy than two single steps on a busy machine.
 
 Redis is ``CHORUS_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``), with
 a fresh key prefix deleted at the end; Postgres is ``CHORUS_DATABASE_URL``
@@ -137,9 +140,21 @@ def report(turns: list[dict[int, StepCpu]], at: int, steps: int) -> None:
     for step in shown:
         print(f"{step:>6} " + " ".join(f"{median(step, c):>13.1f}" for c in columns))
     print(f"{'ratio':>6} " + " ".join(f"{median(at, c) / median(0, c):>12.2f}x" for c in columns))
+    fits = [_fit(turns, c, at) for c in columns]
+    print(f"{'fit':>6} " + " ".join(f"{f'{a:.1f}+{b * 10:.2f}/10':>13}" for a, b, _ in fits))
+    print(f"{'fit x':>6} " + " ".join(f"{ratio:>12.2f}x" for _, _, ratio in fits))
     print(f"(target: step {at} <= {TARGET}x step 0; 'step' = the chorus.step task alone,")
     print(" 'all' = chorus.step + chorus.tool + chorus.advance; 'thread' = the tasks'")
     print(" own threads, 'process' = every thread of the worker while a task ran)")
+
+
+def _fit(turns: list[dict[int, StepCpu]], column: str, at: int) -> tuple[float, float, float]:
+    """A least-squares line through steps 0 to ``at`` of every turn: (ms at step 0,
+    ms more per step, the line's step ``at`` / step 0): less noisy than two
+    single steps."""
+    points = [(step, cpu[column]) for t in turns for step, cpu in t.items() if step <= at]
+    slope, intercept = statistics.linear_regression(*zip(*points, strict=True))
+    return intercept, slope, (intercept + slope * at) / intercept
 
 
 # --- main ---------------------------------------------------------------------
