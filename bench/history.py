@@ -35,7 +35,9 @@ if set, else a fresh database on ``--admin-url`` dropped at the end.
 ``--profile``: cProfile (per-thread CPU) around the ``chorus.step`` tasks
 of step 0 and step ``--at`` of the timed turns; printed: the functions
 whose time grew most from step 0 to step ``--at`` (what still costs in
-proportion to the history), ms per step.
+proportion to the history), ms per step. cProfile slows the steps it
+profiles (2-3x): with ``--profile`` the CPU table's step 0 and step ``--at``
+are not comparable with the other rows.
 
 Run from the repo root::
 

@@ -12,8 +12,9 @@ from sqlmodel import col, select
 
 from orchestrator import Client
 from orchestrator.context import TransformContext, apply
-from orchestrator.engine.history import row_to_message
+from orchestrator.engine.history import model_prompt, row_to_message
 from orchestrator.llm.call import to_openai_messages
+from orchestrator.ratelimit import json_chars, request_tokens
 from orchestrator.store.tables import CheckpointRow, MessageRow
 from schemas import AgentSpec
 from tests.loopback_llm import LoopbackLLM
@@ -116,6 +117,15 @@ def test_long_conversation_requests_hold_the_whole_history(client: Client, worke
         sent = _sent(server, after)
         assert sent == _expected(client, agent, fork, None)[-len(sent) :]
         assert len(sent[0]) == 1 + 2 * (13 + 4 + 7) + 1  # system, 3 turns, the new input
+
+    # The size a step counts from its cached sizes is that of the request's JSON
+    with client.runtime.session() as session:
+        for _ in range(2):  # read from Postgres, then from this process's cache
+            prompt = model_prompt(session, conversation, agent, SYSTEM)
+            assert prompt.chars == json_chars(prompt.messages)
+            assert request_tokens(prompt.messages, (), prompt.chars) == request_tokens(
+                prompt.messages
+            )
 
 
 def _checkpoint(client: Client, conversation_id: str) -> CheckpointRow | None:
