@@ -168,7 +168,8 @@ def _load_stored(session: Session, conversation_id: str, after: int) -> list[tup
     content is read only for rows newer than the cache's newest, and for
     any older one it does not hold (evicted, or committed late)."""
     newest = cache.newest(conversation_id)
-    rows = session.execute(
+    connection = session.connection()  # plain rows: no ORM loading per row
+    rows = connection.execute(
         select_columns(
             col(MessageRow.id),
             col(MessageRow.created_at),
@@ -186,7 +187,7 @@ def _load_stored(session: Session, conversation_id: str, after: int) -> list[tup
     missing = [row[0] for row in rows if row[0] not in known and row[0] not in contents]
     if missing:
         fetched = select_columns(col(MessageRow.id), col(MessageRow.content))
-        for row_id, content in session.execute(fetched.where(col(MessageRow.id).in_(missing))):
+        for row_id, content in connection.execute(fetched.where(col(MessageRow.id).in_(missing))):
             contents[row_id] = content
     new = {
         row_id: (created, _stored(_message(role, contents[row_id], tokens_in, tokens_out, cost)))
