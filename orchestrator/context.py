@@ -11,6 +11,11 @@ and returns the history to send. They are registered by name
   cancelled turn) and results without a call are removed.
 
 Provider-specific fixes are transformers too: they get the model string.
+
+A transformer must not change the messages it is given (their ``content``
+lists included): a worker keeps them for every later step of the
+conversation. It returns new messages where it changes something, and the
+same objects where it does not (those are sent in the form already cached).
 """
 
 from __future__ import annotations

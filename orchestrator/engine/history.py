@@ -152,12 +152,6 @@ class MessageCache:
             while len(self._newest) > self.max_conversations:
                 self._newest.popitem(last=False)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._newest.clear()
-            self.chars = 0
-
 
 #: This process's cache: 64 MB of message JSON.
 cache = MessageCache(max_chars=64_000_000)
