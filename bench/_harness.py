@@ -136,6 +136,24 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def worker_env() -> dict[str, str]:
+    """This process's environment for a worker: ``PYTHONPATH`` leads with the repo."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )
+    return env
+
+
+def chorus_worker_cmd(
+    node: str, pool: str, concurrency: int, loglevel: str, queues: str = "llm,control,tools"
+) -> list[str]:
+    """``chorus worker`` from this interpreter's bin directory, named ``<node>@%h``."""
+    chorus = Path(sys.executable).parent / "chorus"
+    cmd = [str(chorus), "worker", "-Q", queues, "-P", pool, "-c", str(concurrency)]
+    return [*cmd, "-l", loglevel, "-n", f"{node}@%h"]
+
+
 def wait_ready(app: Any, worker: Worker, timeout: float = 180.0, node: str | None = None) -> None:
     """Until the worker answers a control ping (it imported litellm and connected).
 

@@ -11,6 +11,11 @@ and returns the history to send. They are registered by name
   cancelled turn) and results without a call are removed.
 
 Provider-specific fixes are transformers too: they get the model string.
+
+A transformer must not change the messages it is given (their ``content``
+lists included): a worker keeps them for every later step of the
+conversation. It returns new messages where it changes something, and the
+same objects where it does not (those are sent in the form already cached).
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ class TransformContext:
     """What a transformer may look at besides the history."""
 
     agent: AgentSpec
-    #: Index in the history of the latest checkpoint's boundary message.
+    #: Index of the latest checkpoint's boundary message in the history the
+    #: chain is given. A chain that starts with ``checkpoint`` is given the
+    #: history from the boundary on (0 here): nothing before it is loaded.
     boundary: int | None = None
     summary: str | None = None
 
@@ -65,10 +72,16 @@ def replace_with_checkpoint(history: list[Message], ctx: TransformContext) -> li
 def drop_orphaned_tool_calls(history: list[Message], _ctx: TransformContext) -> list[Message]:
     """Remove tool calls that never got a result (a failed or cancelled turn),
     and results whose call is gone; providers reject both."""
-    called = {b.tool_request_id for m in history for b in m.content if isinstance(b, ToolCallBlock)}
-    answered = {
-        b.tool_request_id for m in history for b in m.content if isinstance(b, ToolResultBlock)
-    }
+    called: set[str] = set()
+    answered: set[str] = set()
+    for message in history:
+        for block in message.content:
+            if isinstance(block, ToolCallBlock):
+                called.add(block.tool_request_id)
+            elif isinstance(block, ToolResultBlock):
+                answered.add(block.tool_request_id)
+    if called == answered and all(message.content for message in history):
+        return history  # nothing orphaned: every message as it is
     paired = called & answered
     out: list[Message] = []
     for message in history:
@@ -77,7 +90,9 @@ def drop_orphaned_tool_calls(history: list[Message], _ctx: TransformContext) -> 
             for b in message.content
             if not isinstance(b, ToolCallBlock | ToolResultBlock) or b.tool_request_id in paired
         ]
-        if content:
+        if content and len(content) == len(message.content):
+            out.append(message)  # unchanged: the same object, sent in its cached form
+        elif content:
             out.append(message.model_copy(update={"content": content}))
     return out
 

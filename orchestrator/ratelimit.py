@@ -147,7 +147,9 @@ def record_output(
 
 
 def request_tokens(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] = (),
+    messages_chars: int | None = None,
 ) -> int:
     """The size of a model request in tokens: everything that is sent.
 
@@ -155,6 +157,9 @@ def request_tokens(
     call's name and arguments, tool results) and the schemas of the tools
     offered, estimated at four characters of their JSON a token. One count
     serves the context-token limit (checkpoints) and token rate limits.
+    ``messages_chars``: the length of the messages' compact JSON when the
+    caller knows it (a step sums sizes it cached: :mod:`orchestrator.engine.history`),
+    so an unchanged history is not serialized again.
 
     Why an estimate and not ``litellm.token_counter``: measured on a
     280 kB tool-heavy history, ``token_counter`` took ~25 ms (tiktoken over
@@ -166,7 +171,12 @@ def request_tokens(
     outside ASCII is escaped (``\\uXXXX``), so CJK text counts 1.5 tokens a
     character instead of a quarter.
     """
-    sent = json.dumps(list(messages), separators=(",", ":"), default=str)
+    sent = json_chars(list(messages)) if messages_chars is None else messages_chars
     if tools:
-        sent += json.dumps(list(tools), separators=(",", ":"), default=str)
-    return max(1, len(sent) // 4)
+        sent += json_chars(list(tools))
+    return max(1, sent // 4)
+
+
+def json_chars(value: Any) -> int:
+    """Characters of ``value``'s compact JSON, as :func:`request_tokens` counts them."""
+    return len(json.dumps(value, separators=(",", ":"), default=str))

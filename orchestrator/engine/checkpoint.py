@@ -154,11 +154,11 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         strategy = strategy_of(agent)
         previous = latest_checkpoint(session, conv.id)
         after = previous.boundary_message_id if previous else 0
-        rows = load_rows(session, conv.id)
+        rows = load_rows(session, conv.id, after)
         boundary = _boundary(rows, after)
         if boundary is None or boundary.id is None:
             return False
-        included = [row_to_message(r) for r in rows if after < (r.id or 0) <= boundary.id]
+        included = [row_to_message(r) for r in rows if (r.id or 0) <= boundary.id]
         prompt = strategy(agent, previous.summary if previous else None, included)
         limits = (rt.redis, rt.settings.redis_prefix, agent.rate_limits, agent.model)
         allowance = rt.settings.rate_limit_allowance

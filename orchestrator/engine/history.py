@@ -1,27 +1,64 @@
-"""Reading a conversation's stored messages as content-model messages."""
+"""Reading a conversation's stored messages as content-model messages.
+
+A step's prompt costs what is new in it, not the whole history
+(:func:`model_prompt`):
+
+* only what the model will see is read: when the agent's context chain
+  starts with the ``checkpoint`` transformer, messages from the latest
+  checkpoint's boundary on (``id >= boundary``), the rest never leaves
+  Postgres;
+* a stored message is validated and converted once per worker process:
+  messages are never changed once stored, so :data:`cache` keeps, by row id,
+  the validated :class:`~schemas.Message`, its OpenAI-format messages and
+  their compact JSON size. The step's query reads only ids for rows the
+  cache holds and the content of newer ones;
+* the prompt's size for the token estimate is the sum of the cached sizes,
+  not a new serialization of the prefix.
+
+Context transformers still get every loaded message and may drop or
+replace any: a message they return unchanged (the same object) is sent in
+its cached form, any other is converted anew.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import case
+from sqlalchemy import select as select_columns
 from sqlmodel import Session, col, select
 
 from orchestrator import context
 from orchestrator.context import TransformContext
+from orchestrator.llm.call import openai_messages, system_message
+from orchestrator.ratelimit import json_chars
 from orchestrator.store.tables import CheckpointRow, MessageRow
 from schemas import AgentSpec, Message, Role, Usage, content_blocks_adapter
 
 
 def row_to_message(row: MessageRow) -> Message:
+    return _message(row.role, row.content, row.input_tokens, row.output_tokens, row.cost_usd)
+
+
+def _message(
+    role: str,
+    content: list[dict[str, Any]],
+    input_tokens: int | None,
+    output_tokens: int | None,
+    cost_usd: float | None,
+) -> Message:
     usage = None
-    if row.input_tokens is not None:
+    if input_tokens is not None:
         usage = Usage(
-            input_tokens=row.input_tokens,
-            output_tokens=row.output_tokens or 0,
-            cost_usd=row.cost_usd or 0.0,
+            input_tokens=input_tokens, output_tokens=output_tokens or 0, cost_usd=cost_usd or 0.0
         )
     return Message(
-        role=Role(row.role),
-        content=content_blocks_adapter.validate_python(row.content),
-        usage=usage,
+        role=Role(role), content=content_blocks_adapter.validate_python(content), usage=usage
     )
 
 
@@ -29,11 +66,12 @@ def load_history(session: Session, conversation_id: str) -> list[Message]:
     return [row_to_message(r) for r in load_rows(session, conversation_id)]
 
 
-def load_rows(session: Session, conversation_id: str) -> list[MessageRow]:
+def load_rows(session: Session, conversation_id: str, after: int = 0) -> list[MessageRow]:
+    """The conversation's stored messages with an id above ``after``, in order."""
     return list(
         session.exec(
             select(MessageRow)
-            .where(MessageRow.conversation_id == conversation_id)
+            .where(MessageRow.conversation_id == conversation_id, col(MessageRow.id) > after)
             .order_by(col(MessageRow.id))
         ).all()
     )
@@ -47,22 +85,171 @@ def latest_checkpoint(session: Session, conversation_id: str) -> CheckpointRow |
     ).first()
 
 
-def model_context(session: Session, conversation_id: str, agent: AgentSpec) -> list[Message]:
-    """The history the model sees: stored messages through the agent's transformers."""
-    rows = load_rows(session, conversation_id)
-    checkpoint = latest_checkpoint(session, conversation_id)
-    boundary = None
-    if checkpoint is not None:
-        ids = [r.id for r in rows]
-        boundary = (
-            ids.index(checkpoint.boundary_message_id)
-            if checkpoint.boundary_message_id in ids
-            else None
+# --- the per-process cache of stored messages -------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One stored message, validated and converted once."""
+
+    message: Message
+    #: Its OpenAI-format messages (:func:`orchestrator.llm.call.openai_messages`).
+    sent: tuple[dict[str, Any], ...]
+    #: Characters they take in the request's compact JSON, a comma after each.
+    chars: int
+
+
+def _stored(message: Message) -> Stored:
+    sent = tuple(openai_messages(message))
+    return Stored(message, sent, sum(json_chars(m) + 1 for m in sent))
+
+
+class MessageCache:
+    """Stored messages by conversation and row id, least recently used
+    first out past ``max_chars`` of JSON; thread-safe.
+
+    An entry is found only with the row's ``created_at`` too: on SQLite a
+    deleted row's id can be used again (``clear``, ``load``). The newest row
+    id cached per conversation tells the step's query which contents to read.
+    """
+
+    def __init__(self, max_chars: int, max_conversations: int = 10_000) -> None:
+        self.max_chars = max_chars
+        self.max_conversations = max_conversations
+        self.chars = 0
+        self._entries: OrderedDict[tuple[str, int], tuple[datetime, Stored]] = OrderedDict()
+        self._newest: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def newest(self, conversation_id: str) -> int:
+        """The highest row id of the conversation cached so far (0: none)."""
+        with self._lock:
+            return self._newest.get(conversation_id, 0)
+
+    def get(self, conversation_id: str, rows: Sequence[tuple[int, datetime]]) -> dict[int, Stored]:
+        """The entries of ``rows`` (id, created_at) held, by id."""
+        found = {}
+        with self._lock:
+            for row_id, created in rows:
+                held = self._entries.get((conversation_id, row_id))
+                if held is not None and held[0] == created:
+                    self._entries.move_to_end((conversation_id, row_id))
+                    found[row_id] = held[1]
+        return found
+
+    def put(self, conversation_id: str, entries: dict[int, tuple[datetime, Stored]]) -> None:
+        if not entries:
+            return
+        with self._lock:
+            for row_id, held in entries.items():
+                old = self._entries.pop((conversation_id, row_id), None)
+                self.chars += held[1].chars - (old[1].chars if old else 0)
+                self._entries[(conversation_id, row_id)] = held
+            while self.chars > self.max_chars and self._entries:
+                self.chars -= self._entries.popitem(last=False)[1][1].chars
+            newest = max(self._newest.pop(conversation_id, 0), *entries)
+            self._newest[conversation_id] = newest
+            while len(self._newest) > self.max_conversations:
+                self._newest.popitem(last=False)
+
+
+#: This process's cache: 64 MB of message JSON.
+cache = MessageCache(max_chars=64_000_000)
+
+
+def _load_stored(session: Session, conversation_id: str, after: int) -> list[tuple[int, Stored]]:
+    """The conversation's messages with an id above ``after``, in order:
+    content is read only for rows newer than the cache's newest, and for
+    any older one it does not hold (evicted, or committed late)."""
+    newest = cache.newest(conversation_id)
+    connection = session.connection()  # plain rows: no ORM loading per row
+    rows = connection.execute(
+        select_columns(
+            col(MessageRow.id),
+            col(MessageRow.created_at),
+            col(MessageRow.role),
+            col(MessageRow.input_tokens),
+            col(MessageRow.output_tokens),
+            col(MessageRow.cost_usd),
+            case((col(MessageRow.id) > newest, col(MessageRow.content)), else_=None),
         )
+        .where(col(MessageRow.conversation_id) == conversation_id, col(MessageRow.id) > after)
+        .order_by(col(MessageRow.id))
+    ).all()
+    known = cache.get(conversation_id, [(row[0], row[1]) for row in rows])
+    contents: dict[int, list[dict[str, Any]]] = {r[0]: r[6] for r in rows if r[6] is not None}
+    missing = [row[0] for row in rows if row[0] not in known and row[0] not in contents]
+    if missing:
+        fetched = select_columns(col(MessageRow.id), col(MessageRow.content))
+        for row_id, content in connection.execute(fetched.where(col(MessageRow.id).in_(missing))):
+            contents[row_id] = content
+    new = {
+        row_id: (created, _stored(_message(role, contents[row_id], tokens_in, tokens_out, cost)))
+        for row_id, created, role, tokens_in, tokens_out, cost, _ in rows
+        if row_id not in known
+    }
+    cache.put(conversation_id, new)
+    return [(row[0], known[row[0]] if row[0] in known else new[row[0]][1]) for row in rows]
+
+
+# --- what the model sees ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A step's messages in OpenAI format, with their compact JSON size."""
+
+    messages: list[dict[str, Any]]
+    #: ``len(json.dumps(messages, separators=(",", ":")))``, from cached sizes.
+    chars: int
+
+
+def _context(
+    session: Session, conversation_id: str, agent: AgentSpec
+) -> tuple[list[Message], list[Stored]]:
+    checkpoint = latest_checkpoint(session, conversation_id)
+    # Only the checkpoint transformer looks at what precedes the boundary:
+    # when it runs first, nothing before the boundary is loaded.
+    skip = checkpoint is not None and agent.context[:1] == ("checkpoint",)
+    after = checkpoint.boundary_message_id - 1 if checkpoint is not None and skip else 0
+    loaded = _load_stored(session, conversation_id, after)
+    if skip and (not loaded or loaded[0][0] != after + 1):
+        # the boundary is not this conversation's (as before: no summary)
+        loaded = _load_stored(session, conversation_id, 0)
+    ids = [row_id for row_id, _ in loaded]
+    boundary = None
+    if checkpoint is not None and checkpoint.boundary_message_id in ids:
+        boundary = ids.index(checkpoint.boundary_message_id)
     ctx = TransformContext(
         agent=agent, boundary=boundary, summary=checkpoint.summary if checkpoint else None
     )
-    return context.apply([row_to_message(r) for r in rows], ctx)
+    stored = [entry for _, entry in loaded]
+    return context.apply([entry.message for entry in stored], ctx), stored
+
+
+def model_context(session: Session, conversation_id: str, agent: AgentSpec) -> list[Message]:
+    """The history the model sees: stored messages through the agent's transformers."""
+    return _context(session, conversation_id, agent)[0]
+
+
+def model_prompt(session: Session, conversation_id: str, agent: AgentSpec, system: str) -> Prompt:
+    """The messages of the model request: ``system`` and :func:`model_context`,
+    in OpenAI format (:func:`orchestrator.llm.call.to_openai_messages`).
+
+    The dicts of stored messages are shared with the cache: the model
+    client must not change them.
+    """
+    history, stored = _context(session, conversation_id, agent)
+    by_object = {id(entry.message): entry for entry in stored}
+    messages = system_message(system)
+    chars = 1 + sum(json_chars(m) + 1 for m in messages)  # "[", and "]" for the last ","
+    for message in history:
+        entry = by_object.get(id(message))
+        if entry is None or entry.message is not message:
+            entry = _stored(message)
+        messages.extend(entry.sent)
+        chars += entry.chars
+    return Prompt(messages, chars if messages else 2)
 
 
 def copy_messages(session: Session, source_id: str, target_id: str) -> None:

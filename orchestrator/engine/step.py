@@ -30,7 +30,7 @@ from orchestrator.engine.budget import (
 from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
-from orchestrator.engine.history import model_context
+from orchestrator.engine.history import model_prompt
 from orchestrator.engine.lease import heartbeat
 from orchestrator.engine.output import (
     FINAL_ANSWER,
@@ -44,7 +44,7 @@ from orchestrator.engine.output import (
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import Outbox
-from orchestrator.llm.call import ModelReply, complete, to_openai_messages, tool_to_openai, warm
+from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
@@ -218,10 +218,10 @@ def _run_step(
         tools_allowed = tool_calls_left(job) != 0
         system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
         with rt.autocommit() as session:
-            history = model_context(session, conv.id, spec)
-        messages = to_openai_messages(system, history)
+            prompt = model_prompt(session, conv.id, spec, system)
+        messages = prompt.messages
         tools = _offered_tools(spec) if tools_allowed else []
-        size = request_tokens(messages, tools)
+        size = request_tokens(messages, tools, prompt.chars)
         fits = spec.context_tokens is None or size <= spec.context_tokens
         # past the context limit a checkpoint comes first, and admission after it
         wait = _admit(rt, admitted, conv, turn, step, spec, size) if fits else 0.0
@@ -378,8 +378,10 @@ def _fit_context(
             if loaded is None:
                 return [], []
             conv, turn = loaded
-            messages = to_openai_messages(system, model_context(session, conversation_id, spec))
-            wait = _admit(rt, outbox, conv, turn, step, spec, request_tokens(messages, tools))
+            prompt = model_prompt(session, conversation_id, spec, system)
+            messages = prompt.messages
+            size = request_tokens(messages, tools, prompt.chars)
+            wait = _admit(rt, outbox, conv, turn, step, spec, size)
             if wait > 0:
                 raise RateLimited(wait)
     except ModelError as exc:

@@ -450,18 +450,24 @@ def to_openai_messages(system: str, messages: list[Message]) -> list[dict[str, A
     - ``thinking`` and ``raw`` blocks are skipped; a user message with
       nothing left is dropped.
     """
-    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    out = system_message(system)
     for message in messages:
-        texts = [b.text for b in message.content if isinstance(b, TextBlock)]
-        results = [_tool_message(b) for b in message.content if isinstance(b, ToolResultBlock)]
-        if message.role == Role.ASSISTANT:
-            out.append(_assistant_message(texts, message.tool_calls))
-            out.extend(results)
-        else:
-            out.extend(results)
-            if texts:
-                out.append({"role": "user", "content": "\n\n".join(texts)})
+        out.extend(openai_messages(message))
     return out
+
+
+def system_message(system: str) -> list[dict[str, Any]]:
+    """The request's leading ``system`` message: none for an empty prompt."""
+    return [{"role": "system", "content": system}] if system else []
+
+
+def openai_messages(message: Message) -> list[dict[str, Any]]:
+    """One Chorus message as OpenAI chat messages (see :func:`to_openai_messages`)."""
+    texts = [b.text for b in message.content if isinstance(b, TextBlock)]
+    results = [_tool_message(b) for b in message.content if isinstance(b, ToolResultBlock)]
+    if message.role == Role.ASSISTANT:
+        return [_assistant_message(texts, message.tool_calls), *results]
+    return [*results, *([{"role": "user", "content": "\n\n".join(texts)}] if texts else [])]
 
 
 def _assistant_message(texts: list[str], calls: list[ToolCallBlock]) -> dict[str, Any]:
