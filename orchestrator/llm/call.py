@@ -59,6 +59,7 @@ __all__ = [
     "complete",
     "is_retryable",
     "model_client",
+    "model_path",
     "parse_arguments",
     "to_openai_messages",
     "tool_to_openai",
@@ -136,6 +137,21 @@ def _refused_calls(litellm: ModuleType) -> None:
             read_stream(litellm, model, stream, None, None)
 
 
+def model_path(model: str, model_settings: dict[str, Any]) -> str:
+    """Which client :func:`complete` sends this call through: ``"openai-sdk"``
+    or ``"litellm"`` (see :mod:`orchestrator.llm.openai_stream`)."""
+    litellm = _litellm()
+    return "openai-sdk" if _sdk_route(litellm, model, model_settings) else "litellm"
+
+
+def _sdk_route(
+    litellm: ModuleType, model: str, model_settings: dict[str, Any]
+) -> openai_stream.Route | None:
+    if model_client() != "auto":
+        return None
+    return openai_stream.route(litellm, model, model_settings)
+
+
 def complete(
     model: str,
     messages: list[dict[str, Any]],
@@ -169,9 +185,7 @@ def complete(
     from orchestrator.llm import scripted
 
     scripted.install()
-    sdk = None
-    if model_client() == "auto":
-        sdk = openai_stream.route(litellm, model, model_settings)
+    sdk = _sdk_route(litellm, model, model_settings)
     with translating():
         if sdk is not None:
             stream = openai_stream.open_stream(
