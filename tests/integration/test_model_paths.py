@@ -17,6 +17,7 @@ next to this Python. Without one the proxy cases are skipped, saying why.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -76,13 +77,17 @@ def _proxy_executable() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def proxy(server: LoopbackLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A LiteLLM proxy serving ``gpt-4o`` from the loopback server; its base URL."""
+def proxy(
+    server: LoopbackLLM, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """A LiteLLM proxy serving ``gpt-4o`` from the loopback server: its base
+    URL and its key (it refuses to start without one)."""
     executable = _proxy_executable()
     if executable is None:
         pytest.skip("no litellm proxy executable (set CHORUS_TEST_LITELLM_PROXY)")
     folder = tmp_path_factory.mktemp("litellm-proxy")
     config = folder / "config.yaml"
+    key = f"sk-{secrets.token_hex(32)}"
     config.write_text(
         "model_list:\n"
         "  - model_name: gpt-4o\n"
@@ -96,6 +101,8 @@ def proxy(server: LoopbackLLM, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "router_settings:\n"
         "  disable_cooldowns: true\n"
         "  num_retries: 0\n"
+        "general_settings:\n"
+        f"  master_key: {key}\n"
     )
     port = _free_port()
     log = folder / "proxy.log"
@@ -110,7 +117,7 @@ def proxy(server: LoopbackLLM, tmp_path_factory: pytest.TempPathFactory) -> Iter
     )
     try:
         _wait_healthy(process, port, log)
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}/v1", key
     finally:
         process.terminate()
         try:
@@ -133,10 +140,14 @@ def _wait_healthy(process: subprocess.Popen[bytes], port: int, log: Path) -> Non
 
 
 @pytest.fixture(params=["loopback", "proxy", "azure"])
-def target(request: pytest.FixtureRequest, server: LoopbackLLM) -> tuple[str, dict[str, Any]]:
+def target(
+    request: pytest.FixtureRequest, server: LoopbackLLM, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, dict[str, Any]]:
     """(model, model_settings) of a server; every case runs against each."""
     if request.param == "proxy":
-        return MODEL, {"api_base": request.getfixturevalue("proxy")}
+        base_url, key = request.getfixturevalue("proxy")
+        monkeypatch.setenv("OPENAI_API_KEY", key)  # keys come from the environment
+        return MODEL, {"api_base": base_url}
     if request.param == "azure":  # the Azure client and URL layout, on loopback
         base = server.base_url.removesuffix("/v1")
         return "azure/gpt-4o", {"api_base": base, "api_version": "2024-10-21"}
