@@ -39,7 +39,15 @@ SDK_PROVIDERS = frozenset({"openai", "azure", "hosted_vllm", "groq", "together_a
 #: headers, or the price. Every other litellm-only key (``mock_response``,
 #: ``num_retries``, ``metadata``, ``fallbacks``...) keeps the call on litellm.
 _CLIENT_KEYS = frozenset(
-    {"api_base", "base_url", "api_version", "timeout", "max_retries", "extra_headers", "organization"}
+    {
+        "api_base",
+        "base_url",
+        "api_version",
+        "timeout",
+        "max_retries",
+        "extra_headers",
+        "organization",
+    }
 )
 _PRICE_KEYS = frozenset({"input_cost_per_token", "output_cost_per_token"})
 
@@ -87,7 +95,9 @@ def route(litellm: ModuleType, model: str, settings: dict[str, Any]) -> Route | 
     return Route(provider, name, base, key) if base and key else None
 
 
-def _openai(litellm: ModuleType, name: str, base: str | None, settings: dict[str, Any]) -> Route | None:
+def _openai(
+    litellm: ModuleType, name: str, base: str | None, settings: dict[str, Any]
+) -> Route | None:
     key = litellm.api_key or litellm.openai_key or os.environ.get("OPENAI_API_KEY")
     base = (
         base
@@ -106,7 +116,9 @@ def _openai(litellm: ModuleType, name: str, base: str | None, settings: dict[str
     return Route("openai", name, base, key, organization=organization)
 
 
-def _azure(litellm: ModuleType, name: str, base: str | None, settings: dict[str, Any]) -> Route | None:
+def _azure(
+    litellm: ModuleType, name: str, base: str | None, settings: dict[str, Any]
+) -> Route | None:
     key = (
         litellm.api_key
         or litellm.azure_key
@@ -195,7 +207,8 @@ def open_stream(
     client = _client(
         route, settings.get("timeout") or litellm.request_timeout, settings.get("max_retries", 0)
     )
-    stream: openai.Stream[Any] = client.chat.completions.create(
+    create: Any = client.chat.completions.create  # the params are already checked by litellm
+    stream: openai.Stream[Any] = create(
         **body,
         model=route.model,
         messages=messages,

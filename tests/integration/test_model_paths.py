@@ -221,7 +221,9 @@ def test_streamed_tool_calls_are_the_same(
     assert sdk.usage.output_tokens > 0 and sdk.usage.cost_usd > 0
 
 
-@pytest.mark.parametrize(("status", "retryable"), [(400, False), (401, False), (429, True), (500, True)])
+@pytest.mark.parametrize(
+    ("status", "retryable"), [(400, False), (401, False), (429, True), (500, True)]
+)
 def test_http_errors_are_the_same_model_error(
     monkeypatch: pytest.MonkeyPatch,
     server: LoopbackLLM,
@@ -311,7 +313,9 @@ def test_model_settings_reach_the_request_the_same_way(
         "top_k": 5,
     }
     assert body["custom_provider_knob"] == "on" and "input_cost_per_token" not in body
-    assert replies["auto"].usage.cost_usd == replies["litellm"].usage.cost_usd == pytest.approx(0.03)
+    assert (
+        replies["auto"].usage.cost_usd == replies["litellm"].usage.cost_usd == pytest.approx(0.03)
+    )
 
 
 def test_litellm_only_settings_keep_the_call_on_litellm(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -326,7 +330,9 @@ def test_litellm_only_settings_keep_the_call_on_litellm(monkeypatch: pytest.Monk
 
 
 @pytest.mark.integration
-def test_a_job_streams_few_coalesced_deltas(client: Client, workers: Any, server: LoopbackLLM) -> None:
+def test_a_job_streams_few_coalesced_deltas(
+    client: Client, workers: Any, server: LoopbackLLM
+) -> None:
     # Given a model that streams 40 words over about 1.2 s
     words = " ".join(f"w{i}" for i in range(40))
     server.enqueue_text(words, chunk_delay=0.03)
