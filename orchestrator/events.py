@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,3 +253,41 @@ def publish_live(client: redis.Redis, prefix: str, maxlen: int, event: Event) ->
         )
     except redis.RedisError:
         log.debug("could not publish a live event", exc_info=True)
+
+
+class DeltaBatcher:
+    """Coalesces a stream's text pieces into few live events.
+
+    The first piece goes out at once (time to first token), then pieces
+    collected for at least ``interval`` seconds go out as one text: a few
+    Redis writes a second per stream instead of one per chunk. Call
+    :meth:`flush` when the stream ends, whatever way it ends. Not
+    thread-safe: one batcher per stream, fed by the thread reading it.
+    """
+
+    def __init__(
+        self,
+        publish: Callable[[str], None],
+        interval: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._publish = publish
+        self._interval = interval
+        self._clock = clock
+        self._pieces: list[str] = []
+        self._sent_at: float | None = None
+
+    def add(self, text: str) -> None:
+        """Take a piece; publish what is pending if ``interval`` has passed."""
+        self._pieces.append(text)
+        if self._sent_at is None or self._clock() - self._sent_at >= self._interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Publish what is pending, if anything."""
+        if not self._pieces:
+            return
+        text = "".join(self._pieces)
+        self._pieces.clear()
+        self._sent_at = self._clock()
+        self._publish(text)

@@ -256,7 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = raw
         path = self.path.split("?", 1)[0].rstrip("/")
         self.owner._record(RecordedRequest(path, dict(self.headers.items()), body))
-        if path not in CHAT_PATHS:
+        if path not in CHAT_PATHS and not path.endswith("/chat/completions"):  # Azure's too
             self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
             return
         planned = self.owner._pop()

@@ -43,7 +43,7 @@ from orchestrator.engine.output import (
 )
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
-from orchestrator.events import Outbox
+from orchestrator.events import DeltaBatcher, Outbox
 from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
@@ -235,7 +235,7 @@ def _run_step(
         revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over, budget=True)
         return [*actions, Revoke(tuple(revoke))]
 
-    def on_delta(text: str) -> None:
+    def publish_delta(text: str) -> None:
         rt.publish_live(
             Event(
                 name=EventName.ASSISTANT_DELTA,
@@ -249,6 +249,7 @@ def _run_step(
             )
         )
 
+    deltas = DeltaBatcher(publish_delta)  # a few live events a second, not one per chunk
     started = time.monotonic()
     try:
         # The heartbeat keeps the lease alive for the whole call (and a
@@ -266,13 +267,14 @@ def _run_step(
                 messages,
                 tools or None,
                 spec.model_settings,
-                on_delta=on_delta,
+                on_delta=deltas.add,
                 should_stop=cancel_watch(rt, correlation_id),
             )
     except ModelError as exc:
         return _model_failed(
             rt, conversation_id, turn_id, step, owner, exc, spec.retry, admitted=admitted
         )
+    deltas.flush()  # the rest of the text, before the reply's own events
     record_output(
         rt.redis,
         rt.settings.redis_prefix,

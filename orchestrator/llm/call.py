@@ -1,9 +1,18 @@
-"""The one place Chorus calls litellm.
+"""The one place Chorus calls a model: through litellm, or the openai SDK.
 
 ``import litellm`` costs ~5 s and ~160 MB, so it happens lazily inside
 :func:`complete`, never at module import (``chorus --help`` stays fast).
 Before that import ``LITELLM_LOCAL_MODEL_COST_MAP`` defaults to ``True`` so
 litellm does not fetch its cost map from the internet.
+
+Two paths, one behaviour. litellm reaches every provider and prices every
+call; for OpenAI-protocol providers (:mod:`orchestrator.llm.openai_stream`)
+the stream itself goes through the openai SDK, after litellm has resolved
+the provider, base URL and key and mapped the parameters, because litellm's
+stream wrapper costs ~8 ms CPU a call more. ``CHORUS_MODEL_CLIENT=litellm``
+keeps every call on litellm's path. Both paths read the stream with
+:func:`orchestrator.llm.reply.read_stream` and raise the same
+:class:`~orchestrator.errors.ModelError` (:mod:`orchestrator.llm.failures`).
 
 Every call streams (``stream=True``) with ``stream_options={"include_usage":
 True}``: litellm never rejects ``stream_options`` for any provider (it is in
@@ -24,69 +33,43 @@ import os
 import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ModelError
-from orchestrator.store.values import storable, storable_text, too_deep
+from orchestrator.errors import ConfigurationError, ModelError
+from orchestrator.llm import openai_stream
+from orchestrator.llm.failures import is_retryable, translating
+from orchestrator.llm.reply import INVALID_ARGUMENTS_KEY, ModelReply, parse_arguments, read_stream
 from schemas.content import (
     Message,
     Role,
     TextBlock,
     ToolCallBlock,
     ToolResultBlock,
-    Usage,
 )
 from schemas.specs import ToolSpec
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-#: Key of ``ToolCallBlock.params`` when the model's arguments were not a JSON object.
-INVALID_ARGUMENTS_KEY = "__invalid_arguments__"
-
-#: Statuses worth retrying: timeout, conflict, rate limit, and every 5xx.
-_RETRYABLE_STATUSES = frozenset({408, 409, 429})
-
-_END = object()
+__all__ = [
+    "INVALID_ARGUMENTS_KEY",
+    "ModelReply",
+    "complete",
+    "is_retryable",
+    "model_client",
+    "model_path",
+    "parse_arguments",
+    "to_openai_messages",
+    "tool_to_openai",
+    "warm",
+]
 
 log = logging.getLogger(__name__)
 
-#: Longest tool name or call id kept from a reply (the columns' size).
-_ID_CHARS = 200
-
-
-@dataclass(frozen=True)
-class ModelReply:
-    """What one model call produced.
-
-    Attributes:
-        text: The assistant text.
-        tool_calls: Requested tool calls in order. ``params`` holds the parsed
-            JSON arguments; arguments that are not a JSON object come as
-            ``{"__invalid_arguments__": "<raw string>"}``.
-        usage: Tokens and cost (``cost_usd`` is 0.0 when litellm cannot price
-            the model).
-        thinking: Reasoning text if the provider streamed it.
-        finish_reason: The provider's finish reason ("" if none was sent).
-            Informational: decide on ``tool_calls``, not on this.
-        stopped: True if ``should_stop`` ended the stream early; then
-            ``tool_calls`` is empty (partial calls are dropped) and ``text``
-            is what arrived before the stop.
-
-    Every string in it can be stored: a NUL or lone surrogate the model
-    sent is replaced (:mod:`orchestrator.store.values`).
-    """
-
-    text: str
-    tool_calls: list[ToolCallBlock]
-    usage: Usage
-    thinking: str = ""
-    finish_reason: str = ""
-    stopped: bool = False
+#: Values of ``CHORUS_MODEL_CLIENT`` (see :class:`orchestrator.settings.Settings`).
+MODEL_CLIENTS = ("auto", "litellm")
 
 
 def _litellm() -> ModuleType:
@@ -98,19 +81,28 @@ def _litellm() -> ModuleType:
     return litellm
 
 
+def model_client() -> str:
+    """``CHORUS_MODEL_CLIENT``: ``auto`` (the openai SDK streams OpenAI-protocol
+    providers) or ``litellm`` (every call through litellm). Read at each call."""
+    value = os.environ.get("CHORUS_MODEL_CLIENT", "").strip().lower() or "auto"
+    if value not in MODEL_CLIENTS:
+        raise ConfigurationError(f"CHORUS_MODEL_CLIENT={value!r}: expected one of {MODEL_CLIENTS}")
+    return value
+
+
 _warm_lock = threading.Lock()
 _warmed = False
 
 
 def warm() -> None:
     """Load the model client in this process, once: litellm, the scripted
-    provider, and what litellm's first HTTP call imports (the openai
-    provider, httpx's transport: ~1 s, more under load).
+    provider, and what each path's first HTTP call imports (litellm's openai
+    provider, the openai SDK, httpx's transport: ~1 s, more under load).
 
     A rate limit admits a call at the moment it is sent, so that first-call
     cost must be paid before admission: workers call this before they
     report ready, and every step before it asks the limiter. The warm-up is
-    one call to a local port that refuses it (a socket bound, not
+    one call per path to a local port that refuses it (a socket bound, not
     listening): no request leaves the machine.
     """
     global _warmed
@@ -118,25 +110,46 @@ def warm() -> None:
         if _warmed:
             return
         began = time.monotonic()
-        _litellm()
+        litellm = _litellm()
         from orchestrator.llm import scripted
 
         scripted.install()
         try:
-            _refused_call()
+            _refused_calls(litellm)
         except Exception:  # a warm-up is best effort: the first real call pays instead
             log.warning("model client warm-up failed", exc_info=True)
         _warmed = True
         log.info("model client loaded in %.2f s", time.monotonic() - began)
 
 
-def _refused_call() -> None:
+def _refused_calls(litellm: ModuleType) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         base = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+        model = "openai/chorus-warm-up"
+        messages = [{"role": "user", "content": "."}]
         settings = {"api_base": base, "api_key": "warm-up", "timeout": 5}
-        with suppress(ModelError):
-            complete("openai/chorus-warm-up", [{"role": "user", "content": "."}], None, settings)
+        with suppress(ModelError):  # api_key: a litellm-only setting, so litellm's path
+            complete(model, messages, None, settings)
+        route = openai_stream.Route("openai", "chorus-warm-up", base, "warm-up")
+        with suppress(ModelError), translating():
+            stream = openai_stream.open_stream(litellm, route, model, messages, None, {})
+            read_stream(litellm, model, stream, None, None)
+
+
+def model_path(model: str, model_settings: dict[str, Any]) -> str:
+    """Which client :func:`complete` sends this call through: ``"openai-sdk"``
+    or ``"litellm"`` (see :mod:`orchestrator.llm.openai_stream`)."""
+    litellm = _litellm()
+    return "openai-sdk" if _sdk_route(litellm, model, model_settings) else "litellm"
+
+
+def _sdk_route(
+    litellm: ModuleType, model: str, model_settings: dict[str, Any]
+) -> openai_stream.Route | None:
+    if model_client() != "auto":
+        return None
+    return openai_stream.route(litellm, model, model_settings)
 
 
 def complete(
@@ -165,13 +178,31 @@ def complete(
         The reply: text, tool calls, usage, thinking.
 
     Raises:
-        ModelError: The provider or litellm failed (``status`` and ``body``
-            kept when there were any).
+        ModelError: The provider, litellm or the openai SDK failed
+            (``status`` and ``body`` kept when there were any).
     """
     litellm = _litellm()
     from orchestrator.llm import scripted
 
     scripted.install()
+    sdk = _sdk_route(litellm, model, model_settings)
+    with translating():
+        if sdk is not None:
+            stream = openai_stream.open_stream(
+                litellm, sdk, model, messages, tools or None, model_settings
+            )
+        else:
+            stream = _litellm_stream(litellm, model, messages, tools, model_settings)
+    return read_stream(litellm, model, stream, on_delta, should_stop)
+
+
+def _litellm_stream(
+    litellm: ModuleType,
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    model_settings: dict[str, Any],
+) -> Any:
     kwargs: dict[str, Any] = {
         "stream_options": {"include_usage": True},
         "max_retries": 0,
@@ -182,239 +213,7 @@ def complete(
     }
     if tools:
         kwargs["tools"] = tools
-    with _translating():
-        stream = litellm.completion(**kwargs)
-    collector = _Collector()
-    chunks: Iterator[Any] = iter(stream)
-    while True:
-        if should_stop is not None and should_stop():
-            _close(stream)
-            return collector.reply(litellm, model, stopped=True)
-        with _translating():
-            chunk = next(chunks, _END)
-        if chunk is _END:
-            break
-        piece = collector.add(chunk)
-        if piece and on_delta is not None:
-            on_delta(piece)
-    return collector.reply(litellm, model)
-
-
-@dataclass
-class _PendingCall:
-    id: str
-    name: str = ""
-    arguments: str = ""
-
-
-@dataclass
-class _Collector:
-    """Accumulates streamed chunks (OpenAI streaming semantics)."""
-
-    text: list[str] = field(default_factory=list)
-    thinking: list[str] = field(default_factory=list)
-    calls: list[_PendingCall] = field(default_factory=list)
-    by_index: dict[int, int] = field(default_factory=dict)
-    usage: Any = None
-    finish_reason: str = ""
-
-    def add(self, chunk: Any) -> str:
-        """Take one chunk; return its text piece ("" if none)."""
-        if getattr(chunk, "usage", None) is not None:
-            self.usage = chunk.usage
-        if not chunk.choices:
-            return ""
-        choice = chunk.choices[0]
-        if choice.finish_reason:
-            self.finish_reason = str(choice.finish_reason)
-        delta = choice.delta
-        if delta is None:
-            return ""
-        reasoning = getattr(delta, "reasoning_content", None)
-        if reasoning:
-            self.thinking.append(reasoning)
-        for tool_call in delta.tool_calls or []:
-            self._add_tool_call(tool_call)
-        piece = delta.content or ""
-        if piece:
-            self.text.append(piece)
-        return piece
-
-    def _add_tool_call(self, delta: Any) -> None:
-        # OpenAI sends id and name once, then argument pieces under the same
-        # index. Some providers send several complete calls all at index 0
-        # with distinct ids: a new id at a known index starts a new call.
-        index = delta.index if delta.index is not None else len(self.calls)
-        position = self.by_index.get(index)
-        new_id = getattr(delta, "id", None)
-        if position is None or (new_id and new_id != self.calls[position].id):
-            self.calls.append(_PendingCall(id=new_id or f"call_{uuid.uuid4().hex}"))
-            position = self.by_index[index] = len(self.calls) - 1
-        pending = self.calls[position]
-        function = delta.function
-        if function is not None:
-            if function.name:
-                pending.name = function.name
-            if function.arguments:
-                pending.arguments += function.arguments
-
-    def reply(self, litellm: ModuleType, model: str, stopped: bool = False) -> ModelReply:
-        """The collected reply (partial tool calls dropped when stopped)."""
-        calls = [] if stopped else [_to_block(c) for c in self.calls]
-        return ModelReply(
-            text=storable_text("".join(self.text)),
-            tool_calls=calls,
-            usage=_usage(litellm, model, self.usage),
-            thinking=storable_text("".join(self.thinking)),
-            finish_reason=self.finish_reason,
-            stopped=stopped,
-        )
-
-
-def _to_block(pending: _PendingCall) -> ToolCallBlock:
-    return ToolCallBlock(
-        tool_request_id=storable_text(pending.id)[:_ID_CHARS],
-        tool=storable_text(pending.name)[:_ID_CHARS],
-        params=parse_arguments(pending.arguments),
-    )
-
-
-def parse_arguments(arguments: str) -> dict[str, Any]:
-    """Parse tool-call arguments; a non-object, or one nested deeper than
-    :data:`~orchestrator.store.values.MAX_DEPTH`, becomes
-    ``{"__invalid_arguments__": raw}``. The result is storable
-    (:func:`~orchestrator.store.values.storable`: no NUL, no NaN).
-
-    An empty string means no arguments (``{}``), as some providers send it.
-    """
-    if not arguments.strip():
-        return {}
-    invalid = {INVALID_ARGUMENTS_KEY: storable_text(arguments)}
-    try:
-        value = json.loads(arguments)
-    except (ValueError, RecursionError):
-        return invalid
-    if not isinstance(value, dict) or too_deep(value):
-        return invalid
-    cleaned: dict[str, Any] = storable(value)
-    return cleaned
-
-
-def _usage(litellm: ModuleType, model: str, usage: Any) -> Usage:
-    if usage is None:
-        return Usage()
-    input_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-    output_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-    return Usage(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        cost_usd=_cost(litellm, model, usage),
-    )
-
-
-def _cost(litellm: ModuleType, model: str, usage: Any) -> float:
-    """Price the call with litellm's cost map; 0.0 when it cannot."""
-    try:
-        response = litellm.ModelResponse(model=model, usage=usage)
-        return float(litellm.completion_cost(completion_response=response, model=model))
-    except Exception:
-        return 0.0
-
-
-def _close(stream: Any) -> None:
-    """Best-effort close of an abandoned stream (releases the HTTP connection)."""
-    for target in (getattr(stream, "completion_stream", None), stream):
-        close = getattr(target, "close", None)
-        if callable(close):
-            with suppress(Exception):
-                close()
-            return
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Whether a litellm failure is worth retrying (rate limit, timeout, connection, 5xx)."""
-    import openai
-
-    if _transport_failure(exc) or isinstance(exc, openai.RateLimitError):
-        return True
-    status = getattr(exc, "status_code", None)
-    return isinstance(status, int) and (status in _RETRYABLE_STATUSES or status >= 500)
-
-
-def _transport_failure(exc: BaseException) -> bool:
-    """True if no HTTP response was received (connection refused/reset, timeout).
-
-    litellm reports some of these with a made-up status: the openai provider
-    turns a refused connection into ``InternalServerError`` (500), Anthropic
-    too, ``Timeout`` says 408. The cause chain still holds the transport error.
-    """
-    import httpx
-    import openai
-
-    transport = (openai.APIConnectionError, httpx.TransportError, ConnectionError, TimeoutError)
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, transport):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
-
-
-@contextmanager
-def _translating() -> Iterator[None]:
-    """Re-raise litellm/openai/httpx errors as :class:`ModelError`; others unchanged.
-
-    Others (a Celery soft time limit, a bug) must not pass for a model failure.
-    """
-    try:
-        yield
-    except Exception as exc:
-        if not _from_llm_stack(exc):
-            raise
-        raise _translate(exc) from exc
-
-
-def _from_llm_stack(exc: BaseException) -> bool:
-    module = type(exc).__module__
-    return module.split(".", 1)[0] in {"litellm", "openai", "httpx"}
-
-
-def _translate(exc: BaseException) -> ModelError:
-    """Turn a litellm (or openai/httpx) exception into a :class:`ModelError`.
-
-    ``status`` is the provider's HTTP status when there was a response; it is
-    None for connection errors and timeouts (litellm fakes 500/408 there, see
-    :func:`_transport_failure`).
-    ``body`` is the response body when available, else the message.
-    """
-    status = getattr(exc, "status_code", None)
-    if _transport_failure(exc) or not isinstance(status, int):
-        status = None
-    message = str(exc) or type(exc).__name__
-    if type(exc).__name__ not in message:
-        message = f"{type(exc).__name__}: {message}"
-    return ModelError(
-        storable_text(message),  # stored in llm.failed events and the turn's error
-        status=status,
-        body=storable_text(_body(exc, message)),
-        retryable=is_retryable(exc),
-    )
-
-
-def _body(exc: BaseException, fallback: str) -> str:
-    response = getattr(exc, "response", None)
-    try:
-        text = response.text if response is not None else ""
-    except Exception:  # streamed or unread response
-        text = ""
-    if text:
-        return str(text)
-    body = getattr(exc, "body", None)
-    if body is not None:
-        return body if isinstance(body, str) else json.dumps(body, default=str)
-    return fallback
+    return litellm.completion(**kwargs)
 
 
 # --- conversion from the content model ------------------------------------
@@ -437,9 +236,9 @@ def to_openai_messages(system: str, messages: list[Message]) -> list[dict[str, A
 
     - ``system`` (if not empty) becomes the first, ``system`` message.
     - Assistant messages carry their text (joined) and ``tool_calls`` with
-      JSON-dumped arguments; content is None when there is no text but
-      there are tool calls (litellm then drops the key). Params holding
-      ``__invalid_arguments__`` go back as that JSON object, not the raw
+      JSON-dumped arguments; no ``content`` key when there is no text but
+      there are tool calls (as litellm sends it: both paths send the same).
+      Params holding ``__invalid_arguments__`` go back as that JSON object, not the raw
       string, so providers that parse past arguments accept the history.
     - ``tool_result`` blocks become ``tool`` messages (``tool_call_id``, the
       tool's ``name`` as OpenAI's examples and some litellm providers use it,
@@ -472,7 +271,9 @@ def openai_messages(message: Message) -> list[dict[str, Any]]:
 
 def _assistant_message(texts: list[str], calls: list[ToolCallBlock]) -> dict[str, Any]:
     text = "".join(texts)
-    entry: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    entry: dict[str, Any] = {"role": "assistant"}
+    if text or not calls:
+        entry["content"] = text
     if calls:
         entry["tool_calls"] = [
             {

@@ -234,7 +234,7 @@ def test_converted_history_is_what_the_model_receives(server: LoopbackLLM) -> No
         },
         {"role": "tool", "tool_call_id": "c2", "name": "search", "content": "boom"},
         {"role": "user", "content": "Also, hurry."},
-        {  # we send "content": None; litellm drops the key on the way out
+        {  # no text: no content key
             "role": "assistant",
             "tool_calls": [
                 {"id": "c3", "type": "function", "function": {"name": "t", "arguments": "{}"}}

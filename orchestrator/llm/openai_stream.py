@@ -1,0 +1,292 @@
+"""Streaming OpenAI-protocol providers through the openai SDK directly.
+
+litellm's stream wrapper costs ~8 ms CPU a call and ~0.3 ms a chunk on top
+of the HTTP client; the openai SDK's stream costs ~1 ms. So for providers
+whose chat endpoint *is* the OpenAI protocol, Chorus lets litellm do what it
+is good at (resolve the provider, base URL and key; map and validate the
+request parameters for that provider and model; price the usage) and then
+streams with one cached SDK client per endpoint. Every other provider, and
+any call whose ``model_settings`` ask for a litellm feature, stays on
+litellm's path (:func:`route` returns None).
+
+The decision is an explicit allow-list (:data:`SDK_PROVIDERS`), not a
+guess: a provider is on it only if litellm itself talks to it with the
+OpenAI client and no request or response rewriting Chorus relies on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import openai
+
+#: litellm providers streamed through the openai SDK. ``openai`` covers any
+#: ``openai/<model>`` with an ``api_base`` speaking the protocol (vLLM, Ollama's
+#: ``/v1``, LM Studio, a LiteLLM proxy...). Not here: ``ollama``/``ollama_chat``
+#: (Ollama's own /api protocol), and providers litellm rewrites requests or
+#: replies for (Anthropic, Bedrock, Vertex, Gemini, Mistral's...).
+SDK_PROVIDERS = frozenset({"openai", "azure", "hosted_vllm", "groq", "together_ai", "openrouter"})
+
+#: ``model_settings`` keys the SDK path applies itself: to the client, the
+#: headers, or the price. Every other litellm-only key (``mock_response``,
+#: ``num_retries``, ``metadata``, ``fallbacks``...) keeps the call on litellm.
+_CLIENT_KEYS = frozenset(
+    {
+        "api_base",
+        "base_url",
+        "api_version",
+        "timeout",
+        "max_retries",
+        "extra_headers",
+        "organization",
+    }
+)
+_PRICE_KEYS = frozenset({"input_cost_per_token", "output_cost_per_token"})
+
+#: Connections each cached client keeps: a worker process runs ~200 calls at once.
+POOL_SIZE = 256
+
+_OPENAI_BASE = "https://api.openai.com/v1"
+_OPENROUTER_BASE = "https://openrouter.ai/api/v1"
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where and how the SDK path sends one call (resolved by litellm)."""
+
+    provider: str
+    model: str  # as the provider names it (no ``provider/`` prefix)
+    base_url: str
+    api_key: str = field(repr=False)
+    api_version: str | None = None
+    organization: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def route(litellm: ModuleType, model: str, settings: dict[str, Any]) -> Route | None:
+    """The SDK route of a call, or None when it must go through litellm."""
+    from litellm.types.utils import all_litellm_params
+
+    handled = _CLIENT_KEYS | _PRICE_KEYS
+    if any(key in all_litellm_params and key not in handled for key in settings):
+        return None
+    base = settings.get("api_base") or settings.get("base_url")
+    try:
+        name, provider, dynamic_key, base = litellm.get_llm_provider(model, api_base=base)
+    except Exception:  # litellm does not know it: its own path raises the clear error
+        return None
+    if provider not in SDK_PROVIDERS:
+        return None
+    if provider == "openai":
+        return _openai(litellm, name, base, settings)
+    if provider == "azure":
+        return _azure(litellm, name, base, settings)
+    if provider == "openrouter":
+        return _openrouter(litellm, name, base)
+    key = dynamic_key or litellm.api_key
+    return Route(provider, name, base, key) if base and key else None
+
+
+def _openai(
+    litellm: ModuleType, name: str, base: str | None, settings: dict[str, Any]
+) -> Route | None:
+    key = litellm.api_key or litellm.openai_key or os.environ.get("OPENAI_API_KEY")
+    base = (
+        base
+        or litellm.api_base
+        or os.environ.get("OPENAI_BASE_URL")
+        or os.environ.get("OPENAI_API_BASE")
+        or _OPENAI_BASE
+    )
+    if not key or _bridged_to_responses(litellm, name, "openai", base, settings):
+        return None
+    organization = (
+        settings.get("organization")
+        or litellm.organization
+        or os.environ.get("OPENAI_ORGANIZATION")
+    )
+    return Route("openai", name, base, key, organization=organization)
+
+
+def _azure(
+    litellm: ModuleType, name: str, base: str | None, settings: dict[str, Any]
+) -> Route | None:
+    key = (
+        litellm.api_key
+        or litellm.azure_key
+        or os.environ.get("AZURE_OPENAI_API_KEY")
+        or os.environ.get("AZURE_API_KEY")
+    )
+    base = base or litellm.api_base or os.environ.get("AZURE_API_BASE")
+    version = (
+        settings.get("api_version")
+        or litellm.api_version
+        or os.environ.get("AZURE_API_VERSION")
+        or litellm.AZURE_DEFAULT_API_VERSION
+    )
+    # no key: Entra ID tokens and the like, which litellm obtains
+    if not key or not base or _bridged_to_responses(litellm, name, "azure", base, settings):
+        return None
+    return Route("azure", name, base, key, api_version=version)
+
+
+def _openrouter(litellm: ModuleType, name: str, base: str | None) -> Route | None:
+    key = (
+        litellm.api_key
+        or litellm.openrouter_key
+        or os.environ.get("OPENROUTER_API_KEY")
+        or os.environ.get("OR_API_KEY")
+    )
+    if not key or litellm.OpenrouterConfig.get_config():  # configured extras: litellm applies them
+        return None
+    base = base or litellm.api_base or os.environ.get("OPENROUTER_API_BASE") or _OPENROUTER_BASE
+    headers = (
+        ("HTTP-Referer", os.environ.get("OR_SITE_URL") or "https://litellm.ai"),
+        ("X-Title", os.environ.get("OR_APP_NAME") or "liteLLM"),
+    )
+    return Route("openrouter", name, base, key, headers=headers)
+
+
+def _bridged_to_responses(
+    litellm: ModuleType, name: str, provider: str, base: str, settings: dict[str, Any]
+) -> bool:
+    """True when litellm would send this chat call to the Responses API
+    (some GPT-5 and ``mode: responses`` models): that is litellm's job."""
+    try:
+        info, _ = litellm.main.responses_api_bridge_check(
+            model=name,
+            custom_llm_provider=provider,
+            reasoning_effort=settings.get("reasoning_effort"),
+            api_base=base,
+        )
+    except Exception:  # a litellm without the check: stay on its path, to be safe
+        return True
+    return bool(info.get("mode") == "responses")
+
+
+def open_stream(
+    litellm: ModuleType,
+    route: Route,
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    settings: dict[str, Any],
+) -> openai.Stream[Any]:
+    """Send the request; the returned SDK stream yields OpenAI chunks.
+
+    ``settings`` are mapped for the provider and model by litellm
+    (``get_optional_params``, as litellm's own path does: ``max_tokens`` for
+    o-series models, unsupported parameters refused or dropped, unknown keys
+    sent in the body). ``max_retries`` defaults to 0 and ``stream_options``
+    to ``{"include_usage": True}``, as on litellm's path.
+    """
+    _register_price(litellm, model, route.provider, settings)
+    params = {k: v for k, v in settings.items() if k not in _CLIENT_KEYS | _PRICE_KEYS}
+    params.setdefault("stream_options", {"include_usage": True})
+    mapped = litellm.get_optional_params(
+        model=route.model, custom_llm_provider=route.provider, stream=True, tools=tools, **params
+    )
+    extra_body = dict(mapped.pop("extra_body", None) or {})
+    body: dict[str, Any] = {}
+    for key, value in mapped.items():
+        if key in {"max_retries", "stream", "model", "messages"}:
+            continue
+        if key in _create_parameters():
+            body[key] = value
+        else:
+            extra_body[key] = value
+    headers = {**dict(route.headers), **(settings.get("extra_headers") or {})}
+    client = _client(
+        route, settings.get("timeout") or litellm.request_timeout, settings.get("max_retries", 0)
+    )
+    create: Any = client.chat.completions.create  # the params are already checked by litellm
+    stream: openai.Stream[Any] = create(
+        **body,
+        model=route.model,
+        messages=messages,
+        stream=True,
+        extra_headers=headers or None,
+        extra_body=extra_body or None,
+    )
+    return stream
+
+
+@cache
+def _create_parameters() -> frozenset[str]:
+    from openai.resources.chat.completions import Completions
+
+    return frozenset(inspect.signature(Completions.create).parameters) - {"self", "extra_body"}
+
+
+def _register_price(
+    litellm: ModuleType, model: str, provider: str, settings: dict[str, Any]
+) -> None:
+    """Register a per-token price given in ``model_settings``, as litellm's
+    path does for both prices given (priced later under ``model``)."""
+    prices = {k: settings.get(k) for k in sorted(_PRICE_KEYS)}
+    if any(v is None for v in prices.values()):
+        return
+    known = litellm.model_cost.get(model) or {}
+    if all(known.get(k) == v for k, v in prices.items()):
+        return
+    litellm.register_model({model: {**prices, "litellm_provider": provider}})
+
+
+_clients: dict[tuple[Any, ...], openai.OpenAI] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(route: Route, timeout: Any, max_retries: int) -> openai.OpenAI:
+    """One SDK client per endpoint, key and client options, per process
+    (the SDK client is thread-safe; its pool holds :data:`POOL_SIZE`)."""
+    key = (
+        route.provider,
+        route.base_url,
+        route.api_key,
+        route.api_version,
+        route.organization,
+        timeout,
+        max_retries,
+    )
+    client = _clients.get(key)
+    if client is not None:
+        return client
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = _new_client(route, timeout, max_retries)
+    return client
+
+
+def _new_client(route: Route, timeout: Any, max_retries: int) -> openai.OpenAI:
+    import httpx
+    import openai
+
+    http = openai.DefaultHttpxClient(
+        limits=httpx.Limits(max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE)
+    )
+    if route.provider == "azure":
+        return openai.AzureOpenAI(
+            azure_endpoint=route.base_url,
+            api_key=route.api_key,
+            api_version=route.api_version,
+            timeout=timeout,
+            max_retries=max_retries,
+            http_client=http,
+        )
+    return openai.OpenAI(
+        base_url=route.base_url,
+        api_key=route.api_key,
+        organization=route.organization,
+        timeout=timeout,
+        max_retries=max_retries,
+        http_client=http,
+    )
