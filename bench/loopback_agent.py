@@ -3,10 +3,11 @@
 Imported by the workers (``CHORUS_MODULES``) and by the bench's client:
 
 - ``bench_noop``: a tool that returns its argument;
-- the agent ``bench-loopback`` (registered at import when ``BENCH_LLM_BASE``
-  is set: the bench starts :mod:`bench.loopback_server` and puts its URL
-  there before starting workers; the bench's client calls :func:`register`): model ``openai/loopback-bench`` at that
-  ``api_base``, the no-op tool, up to 1,000 steps. The job's input says
+- the agent ``bench-loopback``: model ``openai/loopback-bench`` at the
+  loopback server's ``api_base``, the no-op tool, up to 1,000 steps;
+  registered at import when ``BENCH_LLM_BASE`` is set (the bench starts
+  :mod:`bench.loopback_server` and puts its URL there before it starts
+  workers; the bench's own client calls :func:`register`). The job's input says
   what the model does (``steps=N tools=K``: K calls of ``bench_noop`` per
   step for N steps, then a short text, see :mod:`bench.loopback_server`).
   The API key is litellm's ``OPENAI_API_KEY`` from the environment (any

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import resource
@@ -91,8 +92,13 @@ def _sse(body: dict[str, Any], text: str, calls: list[tuple[str, str, str]]) -> 
     for index, (call_id, name, args) in enumerate(calls):
         function = {"name": name, "arguments": ""}
         out.append(
-            chunk({"tool_calls": [{"index": index, "id": call_id, "type": "function",
-                                   "function": function}]})
+            chunk(
+                {
+                    "tool_calls": [
+                        {"index": index, "id": call_id, "type": "function", "function": function}
+                    ]
+                }
+            )
         )
         third = max(1, len(args) // 3)
         for start in range(0, len(args), third):
@@ -100,7 +106,8 @@ def _sse(body: dict[str, Any], text: str, calls: list[tuple[str, str, str]]) -> 
             out.append(chunk({"tool_calls": [piece]}))
     out.append(chunk({}, "tool_calls" if calls else "stop"))
     if (body.get("stream_options") or {}).get("include_usage"):
-        out.append(f'data: {head}"choices":[],"usage":{json.dumps(_usage(body, text, calls))}}}\n\n')
+        usage = json.dumps(_usage(body, text, calls))
+        out.append(f'data: {head}"choices":[],"usage":{usage}}}\n\n')
     out.append("data: [DONE]\n\n")
     return "".join(out).encode()
 
@@ -197,10 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--latency", type=float, default=0.5, help="seconds before each answer")
     args = p.parse_args(argv)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.host, args.port, args.latency))
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

@@ -335,8 +335,10 @@ def chorus_row(
             for i in range(args.llm_workers)
         ]
         layout.append(
-            ("tools", ["-Q", "tools,control", "-P", args.tools_pool,
-                       "-c", str(args.tools_concurrency)])
+            (
+                "tools",
+                ["-Q", "tools,control", "-P", args.tools_pool, "-c", str(args.tools_concurrency)],
+            )
         )
         workers, nodes = [], []
         for name, options in layout:
@@ -421,7 +423,8 @@ def report(rows: dict[str, Row], args: argparse.Namespace) -> None:
             f" {row.per_call_ms(row.server_cpu):>6.2f} {row.per_call_ms(row.machine_cpu):>7.2f}"
         )
     chorus = rows.get("chorus")
-    for key, target, word in (("litellm", TARGET_LITELLM, "target"), ("sdk", STRETCH_SDK, "stretch")):
+    goals = (("litellm", TARGET_LITELLM, "target"), ("sdk", STRETCH_SDK, "stretch"))
+    for key, target, word in goals:
         other = rows.get(key)
         if chorus is None or other is None or not other.rate:
             continue

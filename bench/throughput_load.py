@@ -38,8 +38,11 @@ def turn_messages() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": job_input(1, 1)},
     ]
-    call = {"id": "call_1", "type": "function", "function": {"name": "bench_noop",
-                                                             "arguments": '{"i": 0}'}}
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "bench_noop", "arguments": '{"i": 0}'},
+    }
     second = [
         *first,
         {"role": "assistant", "content": None, "tool_calls": [call]},
