@@ -25,6 +25,8 @@ counts model calls the same way:
   server's ``api_base``; its API key is a dummy ``OPENAI_API_KEY`` in the
   workers' environment.
 
+The Chorus row's window opens once ``--in-flight`` turns have finished
+(every turn slot went through its first-use costs once; at most 90 s).
 Printed: model calls/s of each row, the ratios Chorus / litellm (target
 >= 1.0) and Chorus / SDK (stretch >= 0.5), and CPU ms per model call: of the
 row's processes (load processes, or the Chorus workers), of this client
@@ -97,6 +99,10 @@ from bench.loopback_agent import (  # noqa: E402
 TASKS_MODULE = "bench.loopback_agent"
 ROWS = ("sdk", "litellm", "chorus")
 TITLES = {"sdk": "openai SDK alone", "litellm": "litellm alone", "chorus": "Chorus"}
+#: Longest wait for the Chorus row's first turns before its window.
+MAX_RAMP = 90.0
+#: How long the Chorus turns may take to finish after the window.
+CLOSE_SECONDS = 30.0
 TARGET_LITELLM = 1.0
 STRETCH_SDK = 0.5
 #: Worker log lines that say a limit was hit, and which limit.
@@ -114,8 +120,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cores = os.cpu_count() or 1
     p.add_argument("--rows", default=",".join(ROWS), help="rows to run, of sdk,litellm,chorus")
     p.add_argument("--latency", type=float, default=0.5, help="model latency, s (default 0.5)")
-    p.add_argument("--ramp", type=float, default=10.0, help="warm-up s before each window")
-    p.add_argument("--window", type=float, default=25.0, help="measured s of each row")
+    p.add_argument(
+        "--ramp",
+        type=float,
+        default=5.0,
+        help="warm-up s before each window (Chorus: also until --in-flight turns finished)",
+    )
+    p.add_argument("--window", type=float, default=20.0, help="measured s of each row")
     p.add_argument("--load-processes", type=int, default=2, help="processes of the alone rows")
     p.add_argument("--load-threads", type=int, default=100, help="threads per load process")
     p.add_argument("--in-flight", type=int, default=200, help="Chorus turns in flight")
@@ -183,9 +194,16 @@ class Row:
         return cpu * 1000 / self.calls if self.calls else float("nan")
 
 
-def measure(name: str, server: ModelServer, workers: list[Worker], args: argparse.Namespace) -> Row:
-    """Sleep the ramp, then count calls and CPU over the window."""
-    time.sleep(args.ramp)
+def measure(
+    name: str,
+    server: ModelServer,
+    workers: list[Worker],
+    args: argparse.Namespace,
+    ramp: float | None = None,
+) -> Row:
+    """Sleep the ramp (``--ramp`` unless given), then count calls and CPU
+    over the window."""
+    time.sleep(args.ramp if ramp is None else ramp)
     for worker in workers:
         worker.check()
     before = Snapshot.take(server, workers)
@@ -274,6 +292,19 @@ class Turns:
             with self.lock:
                 self.finished.append((end, end - began))
 
+    def settle(self, count: int, least: float, most: float) -> float:
+        """Wait until ``count`` turns have finished (every slot went through
+        its first-use costs once), at least ``least`` and at most ``most``
+        seconds; the seconds waited."""
+        began = time.monotonic()
+        while time.monotonic() - began < most:
+            with self.lock:
+                done = len(self.finished)
+            if done >= count and time.monotonic() - began >= least:
+                break
+            time.sleep(0.5)
+        return time.monotonic() - began
+
     def close(self, timeout: float) -> None:
         self.stop.set()
         deadline = time.monotonic() + timeout
@@ -360,15 +391,21 @@ def chorus_row(
             wait_ready(client.celery, worker, node=node)
         print(f"chorus workers ready in {time.monotonic() - began:.1f}s", flush=True)
 
+        trouble = stack.enter_context(client_trouble())
         turns = Turns(client, args.in_flight, args.turn_timeout)
-        stack.callback(turns.close, args.turn_timeout)
+        stack.callback(turns.close, CLOSE_SECONDS)
         turns.start()
+        ramp = turns.settle(args.in_flight, args.ramp, MAX_RAMP)
+        print(
+            f"chorus ramp: {ramp:.1f} s until {args.in_flight} turns had finished",
+            flush=True,
+        )
         with (
             peaks(db_url, args.admin_url, redis_url) as peak,
             py_spy(args.py_spy, workers, workdir) as samples,
         ):
-            window_start = time.monotonic() + args.ramp
-            row = measure(TITLES["chorus"], server, workers, args)
+            window_start = time.monotonic()
+            row = measure(TITLES["chorus"], server, workers, args, ramp=0.0)
             window_end = time.monotonic()
         latencies = turns.between(window_start, window_end)
         if latencies:
@@ -384,9 +421,47 @@ def chorus_row(
             f"(server max_connections shared by everything), Redis clients {peak['redis']}"
         )
         row.notes.extend(limits_hit(workers))
+        for what, count in trouble.items():
+            row.notes.append(f"client process: {count} x {what}")
         for name, path in samples.items():
             print_py_spy(f"{name} worker", path, max(row.calls, 1), args.profile_top, "call")
         return row
+
+
+@contextmanager
+def client_trouble() -> Iterator[dict[str, int]]:
+    """Count what goes wrong in this process outside the turn loops: errors
+    logged (by Celery, kombu, redis-py...) and exceptions that end a thread,
+    by their last line (e.g. ``MaxConnectionsError: Too many connections``)."""
+    import logging
+
+    found: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def count(what: str) -> None:
+        with lock:
+            found[what] = found.get(what, 0) + 1
+
+    class Counter(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            exc = record.exc_info[1] if record.exc_info else None
+            what = f"{type(exc).__name__}: {exc}" if exc else record.getMessage()
+            count(f"logged {record.levelname}: {what[:160]}")
+
+    handler = Counter(logging.ERROR)
+    previous = threading.excepthook
+
+    def hook(hooked: threading.ExceptHookArgs) -> None:
+        count(f"thread died: {hooked.exc_type.__name__}: {str(hooked.exc_value)[:160]}")
+        previous(hooked)
+
+    logging.getLogger().addHandler(handler)
+    threading.excepthook = hook
+    try:
+        yield found
+    finally:
+        threading.excepthook = previous
+        logging.getLogger().removeHandler(handler)
 
 
 def limits_hit(workers: list[Worker]) -> list[str]:
