@@ -506,7 +506,13 @@ def report(rows: dict[str, Row], args: argparse.Namespace) -> None:
         ratio = chorus.rate / other.rate
         verdict = "met" if ratio >= target else "NOT met"
         print(f"ratio Chorus / {other.name}: {ratio:.2f} ({word} >= {target}: {verdict})")
+    cores = os.cpu_count() or 1
     for row in rows.values():
+        busy = row.machine_cpu / (row.seconds * cores) * 100 if row.seconds else 0.0
+        print(
+            f"  [{row.name}] machine busy {busy:.0f}% of {cores} cores in the window"
+            " (near 100%: CPU binds)"
+        )
         for note in row.notes:
             print(f"  [{row.name}] {note}")
     print(
