@@ -6,15 +6,18 @@ accounting from ``/proc``, and py-spy sampling of the workers.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -169,6 +172,45 @@ def wait_ready(app: Any, worker: Worker, timeout: float = 180.0, node: str | Non
     raise RuntimeError(
         f"{worker.name} worker not ready after {timeout:.0f}s:\n{tail(worker.log_path)}"
     )
+
+
+@dataclass
+class ModelServer:
+    """The loopback model server (``bench/loopback_server.py``) in its own process."""
+
+    base_url: str  # ends in /v1: the ``api_base`` of the models that use it
+    worker: Worker
+
+    def stats(self) -> tuple[int, float]:
+        """(chat requests served so far, the server's CPU seconds)."""
+        root = self.base_url.removesuffix("/v1")
+        with urllib.request.urlopen(f"{root}/stats", timeout=10) as answer:
+            stats = json.load(answer)
+        return int(stats["requests"]), float(stats["cpu"])
+
+
+@contextmanager
+def model_server(latency: float, workdir: Path, env: dict[str, str]) -> Iterator[ModelServer]:
+    """Start the loopback model server on a free port, answering after
+    ``latency`` seconds; stop it on exit."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "bench.loopback_server", "--port", str(port)]
+    cmd += ["--latency", str(latency)]
+    with worker_process("model-server", cmd, env, workdir / "model-server.log") as worker:
+        server = ModelServer(f"http://127.0.0.1:{port}/v1", worker)
+        deadline = time.monotonic() + 30
+        while True:
+            worker.check()
+            try:
+                server.stats()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"model server not up:\n{tail(worker.log_path)}") from None
+                time.sleep(0.1)
+        yield server
 
 
 # --- CPU accounting -------------------------------------------------------

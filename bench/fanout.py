@@ -37,7 +37,8 @@ otherwise a database ``chorus_bench_<random>`` created on ``--admin-url``,
 migrated, and dropped at the end.
 
 Beside wall time the table shows CPU ms per child (the run and its drain)
-of the workers' process groups, of this client process and of the whole
+of the workers' process groups (with the target beside it: <= 20 ms per
+child at 1,000 children), of this client process and of the whole
 machine (every core, every process: Postgres, Redis and any other load
 included; the 1-min load average is printed to judge the latter). Then,
 from the stored events' times (per size, median over the runs), where the
@@ -101,6 +102,9 @@ TASKS_MODULE = "bench.fanout_tasks"
 QUEUES = ("llm", "control", "tools")
 #: The flatness the bench aims at: largest / smallest per-child cost.
 TARGET_RATIO = 1.2
+#: Worker CPU per child the bench aims at, at TARGET_SIZE children.
+TARGET_CPU_MS = 20.0
+TARGET_SIZE = 1000
 
 
 def _sizes(text: str) -> list[int]:
@@ -335,12 +339,13 @@ def report(runs: list[Run], sizes: list[int]) -> None:
         f" {'machine':>8}"
     )
     medians: dict[int, float] = {}
+    worker_ms: dict[int, float] = {}
     for size in sizes:
         mine = [r for r in runs if r.size == size]
         per_child = [r.ms_per_child for r in mine]
         medians[size] = statistics.median(per_child)
         children = size * len(mine)
-        worker = sum(r.worker_cpu for r in mine) * 1000 / children
+        worker = worker_ms[size] = sum(r.worker_cpu for r in mine) * 1000 / children
         client = sum(r.client_cpu for r in mine) * 1000 / children
         machine = sum(r.machine_cpu for r in mine) * 1000 / children
         print(
@@ -359,11 +364,24 @@ def report(runs: list[Run], sizes: list[int]) -> None:
         f"target <= {TARGET_RATIO}: {verdict})"
     )
     marginal(medians)
+    cpu_target(worker_ms)
     print(
         f"({os.cpu_count()} cores; wall: submit to result seen by the client, / children."
         " drain: after the\n result until the task queues were empty (not in the wall time)."
         " cpu: the run and its\n drain, / children; machine: every process, other load"
         f" included (1-min load average now {os.getloadavg()[0]:.2f}))"
+    )
+
+
+def cpu_target(worker_ms: dict[int, float]) -> None:
+    """Worker CPU per child at TARGET_SIZE children (else the largest size
+    run) against the target."""
+    size = TARGET_SIZE if TARGET_SIZE in worker_ms else max(worker_ms)
+    verdict = "met" if worker_ms[size] <= TARGET_CPU_MS else "NOT met"
+    note = "" if size == TARGET_SIZE else f" (the target is set at N={TARGET_SIZE})"
+    print(
+        f"target: worker CPU <= {TARGET_CPU_MS:.0f} ms/child at N={size}: "
+        f"{worker_ms[size]:.1f} ms, {verdict}{note}"
     )
 
 

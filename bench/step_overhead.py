@@ -2,23 +2,34 @@
 
 What is measured
 ----------------
-(a) **Chorus**: the agent ``bench-step-overhead`` (``bench/step_overhead_tasks.py``)
-    has a scripted model, reached through litellm like any provider
-    (``orchestrator.llm.scripted``), that asks for 4 parallelizable no-op
-    tool calls per step for ``--steps`` steps, then answers with text. Each
+(a) **Chorus**: an agent whose model asks for 4 parallelizable no-op tool
+    calls per step for ``--steps`` steps, then answers with text. With
+    ``--model loopback`` (default) it is ``bench-loopback``
+    (``bench/loopback_agent.py``): ``openai/loopback-bench`` through litellm
+    at an OpenAI-compatible server on loopback that answers at once
+    (``bench/loopback_server.py``, its own process, 0 latency); with
+    ``--model scripted`` it is ``bench-step-overhead``, a scripted model
+    reached through litellm (``orchestrator.llm.scripted``), no HTTP. Each
     timed turn is ``Client.submit(...).result()`` seen from this process:
     the turn's wall time divided by ``--steps``. A turn is ``--steps`` steps
     of ``chorus.step`` → ``chord(group(4 x chorus.tool), chorus.advance)``,
     plus the closing ``chorus.step`` whose model answers (its cost is spread
-    over the steps, the same way on both sides).
-(b) **raw Celery**: the same shape with nothing but Celery:
+    over the steps, the same way on every side).
+(b) **raw celery**: the same shape with nothing but Celery and no model:
     ``bench.step`` → ``chord(group(4 x bench.tool), bench.advance)`` →
     ``bench.step`` … for the same number of steps, then a closing
     ``bench.step`` that pushes to a Redis list the client waits on (BLPOP).
     Same configuration (:func:`orchestrator.celery_conf.celery_config`: JSON,
     acks late, prefetch 1, task events), its own Redis prefix, and a worker
     with the same pool, concurrency and queues.
-(c) the ratio chorus / raw of the median per-step times.
+(c) **raw + model**: (b) whose step task makes the same model call as
+    Chorus through the same model client: ``orchestrator.llm.call.complete``
+    on the same model with the same system prompt, history and tool
+    (``bench.model_step`` / ``bench.model_advance``, the history carried in
+    the task arguments). Chorus / (b) is the whole overhead; Chorus / (c)
+    separates the canvas's bookkeeping from the model client's cost.
+(d) the ratios of the median per-step times, and the targets: Chorus /
+    raw + model <= 1.5 in wall time, Chorus worker CPU <= 25 ms per step.
 
 Both workers are real processes started here (``chorus worker`` and
 ``celery -A bench.step_overhead_tasks worker``, both ``-Q llm,control,tools``
@@ -29,15 +40,15 @@ with fresh key prefixes deleted at the end. Postgres is
 ``chorus_bench_<random>`` is created on ``--admin-url``, migrated, and
 dropped at the end. One warm-up turn per side is excluded from timing
 (litellm's lazy imports, first connections); then the timed turns of the
-two sides alternate, so drift on the machine hits both alike. Each Chorus
+sides alternate, so drift on the machine hits all alike. Each Chorus
 turn is a new conversation (history grows within a turn, as in real use).
 
 Beside wall time the table shows CPU ms per step of each worker's process
 group, of this client process, and of the whole machine (all cores, every
-process: Postgres and Redis included, and whatever else runs). It then
-splits a Chorus step's wall time into phases from the stored events' times
-(model call; persist + dispatch + hop to the tools; the tool batch; chord +
-``chorus.advance`` + hop to the next step).
+process: Postgres, Redis and the model server included, and whatever else
+runs). It then splits a Chorus step's wall time into phases from the stored
+events' times (model call; persist + dispatch + hop to the tools; the tool
+batch; chord + ``chorus.advance`` + hop to the next step).
 
 Profiling (after the warm-up, timed turns only):
 
@@ -50,6 +61,7 @@ Profiling (after the warm-up, timed turns only):
 Run from the repo root::
 
     .venv/bin/python bench/step_overhead.py
+    .venv/bin/python bench/step_overhead.py --model scripted
     .venv/bin/python bench/step_overhead.py --steps 20 --turns 5 --pool threads -c 8 --profile
     .venv/bin/python bench/step_overhead.py --turns 5 --py-spy "$(command -v py-spy)"
 """
@@ -83,6 +95,7 @@ from bench._harness import (  # noqa: E402
     database,
     group_cpu_seconds,
     machine_busy_seconds,
+    model_server,
     print_py_spy,
     purge_redis,
     py_spy,
@@ -91,14 +104,33 @@ from bench._harness import (  # noqa: E402
     wait_ready,
     worker_process,
 )
+from bench.loopback_agent import (  # noqa: E402
+    BASE_ENV,
+    LOOPBACK_AGENT,
+    expected_answer,
+    job_input,
+    register,
+)
 
 TASKS_MODULE = "bench.step_overhead_tasks"
+RAW_MODEL = "raw + model"
+#: Chorus / raw + model, wall time per step.
+TARGET_RATIO = 1.5
+#: Chorus worker CPU per 4-tool step.
+TARGET_CPU_MS = 25.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--steps", type=int, default=20, help="tool steps per turn (default 20)")
     p.add_argument("--turns", type=int, default=3, help="timed turns per side (default 3)")
+    p.add_argument(
+        "--model",
+        choices=("loopback", "scripted"),
+        default="loopback",
+        help="loopback: an OpenAI-compatible server answering at once (default); "
+        "scripted: litellm's scripted provider, no HTTP",
+    )
     p.add_argument("--pool", default="threads", help="worker pool for both sides")
     p.add_argument("--concurrency", "-c", type=int, default=8, help="worker concurrency")
     p.add_argument("--admin-url", default=DEFAULT_ADMIN, help="Postgres to create the DB on")
@@ -160,18 +192,27 @@ class Side:
 
 
 def chorus_turn(
-    client: Any, agent: str, steps: int, timeout: float, job_ids: list[str]
+    client: Any, agent: str, text: str, expected: str, timeout: float, job_ids: list[str]
 ) -> Callable[[], None]:
-    expected = f"done after {steps} steps"
-
     def run() -> None:
-        job = client.submit(agent, f"steps={steps}")
+        job = client.submit(agent, text)
         job_ids.append(job.id)
         output = job.result(timeout=timeout)
         if output != expected:
             raise RuntimeError(f"chorus turn answered {output!r}, expected {expected!r}")
 
     return run
+
+
+def wait_done(client: Any, key: str, timeout: float) -> str:
+    """BLPOP ``key`` in 1 s slices (the broker URL's socket timeout may be
+    shorter than a turn) until ``timeout``; the value pushed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = client.blpop([key], timeout=1)
+        if done is not None:
+            return str(done[1].decode())
+    raise TimeoutError(f"{key} was not pushed within {timeout:.0f}s")
 
 
 def raw_turn(tasks: Any, prefix: str, steps: int, timeout: float) -> Callable[[], None]:
@@ -182,8 +223,26 @@ def raw_turn(tasks: Any, prefix: str, steps: int, timeout: float) -> Callable[[]
     def run() -> None:
         run_id = uuid.uuid4().hex
         tasks.raw_step.apply_async((run_id, 0, steps))
-        if client.blpop([tasks.done_key(prefix, run_id)], timeout=int(timeout)) is None:
-            raise TimeoutError(f"raw turn {run_id} did not finish within {timeout:.0f}s")
+        wait_done(client, tasks.done_key(prefix, run_id), timeout)
+
+    return run
+
+
+def raw_model_turn(
+    tasks: Any, prefix: str, model: str, settings: dict[str, Any], steps: int, timeout: float
+) -> Callable[[], None]:
+    import redis
+
+    client = redis.Redis.from_url(tasks.app.conf.broker_url)
+    expected = expected_answer(steps)
+    messages = tasks.first_messages(job_input(steps, tasks.TOOLS_PER_STEP))
+
+    def run() -> None:
+        run_id = uuid.uuid4().hex
+        tasks.raw_model_step.apply_async((run_id, model, settings, messages))
+        answer = wait_done(client, tasks.done_key(prefix, run_id), timeout)
+        if answer != expected:
+            raise RuntimeError(f"raw + model turn answered {answer!r}, expected {expected!r}")
 
     return run
 
@@ -212,7 +271,20 @@ def report(sides: list[Side], steps: int) -> None:
             f"{'':>15}{side.worker_cpu * 1000 / done:>7.1f} {side.client_cpu * 1000 / done:>7.1f}"
             f" {side.machine_cpu * 1000 / done:>8.1f}"
         )
-    print(f"{'ratio':<12} {'':>5} {'':>5} {medians[0] / medians[1]:>15.2f}   (chorus / raw)")
+    for i, side in list(enumerate(sides))[1:]:
+        print(
+            f"{'ratio':<12} {'':>5} {'':>5} {medians[0] / medians[i]:>15.2f}"
+            f"   (chorus / {side.name})"
+        )
+    with_model = next((i for i, side in enumerate(sides) if side.name == RAW_MODEL), None)
+    if with_model is not None:
+        ratio = medians[0] / medians[with_model]
+        verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
+        print(f"target: chorus / {RAW_MODEL} wall <= {TARGET_RATIO}: {ratio:.2f}, {verdict}")
+    chorus = sides[0]
+    cpu = chorus.worker_cpu * 1000 / (len(chorus.seconds) * steps)
+    verdict = "met" if cpu <= TARGET_CPU_MS else "NOT met"
+    print(f"target: chorus worker CPU <= {TARGET_CPU_MS:.0f} ms/step: {cpu:.1f} ms, {verdict}")
     print(f"({os.cpu_count()} cores; wall = submit to result seen by the client, / steps)")
 
 
@@ -248,7 +320,7 @@ def chorus_phases(client: Any, job_ids: list[str]) -> None:
         first[key] = min(first.get(key, t), t)
         last[key] = max(last.get(key, t), t)
     phases: dict[str, list[float]] = {
-        "model call (litellm, scripted)": [],
+        "model call": [],
         "persist + dispatch + hop to tools": [],
         "tool batch (4 in parallel)": [],
         "chord + advance + hop to next step": [],
@@ -316,8 +388,22 @@ def main(argv: list[str] | None = None) -> int:
     return bench_main(parse_args(argv), run, "chorus-bench-")
 
 
+def loopback(
+    args: argparse.Namespace, stack: ExitStack, workdir: Path, env_vars: dict[str, str]
+) -> dict[str, Any]:
+    """With ``--model loopback``: start the model server (0 latency), point the
+    workers' environment at it, and return the model settings of its agent."""
+    if args.model != "loopback":
+        return {}
+    server_env = {**os.environ, "PYTHONPATH": str(REPO)}
+    server = stack.enter_context(model_server(0.0, workdir, server_env))
+    env_vars[BASE_ENV] = server.base_url
+    env_vars["OPENAI_API_KEY"] = "bench-dummy-key"  # the loopback server ignores it
+    return {"api_base": server.base_url}
+
+
 def run(args: argparse.Namespace, workdir: Path) -> int:
-    """Start the services and workers, time both sides, print the results."""
+    """Start the services and workers, time every side, print the results."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, raise_exit)
     run_id = secrets.token_hex(4)
@@ -336,7 +422,8 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             "BENCH_RAW_PREFIX": raw_prefix,
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         }
-        os.environ.update(env_vars)  # this process is the client of both sides
+        model_settings = loopback(args, stack, workdir, env_vars)
+        os.environ.update(env_vars)  # this process is the client of every side
         base_env = {k: v for k, v in os.environ.items() if k != "BENCH_PROFILE"}
         base_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
@@ -392,13 +479,18 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         )
 
         import bench.step_overhead_tasks as tasks
-        from orchestrator import Client
+        from orchestrator import Client, registry
         from orchestrator.settings import load_settings
 
+        if model_settings:
+            register(model_settings["api_base"])
+        agent = LOOPBACK_AGENT if model_settings else tasks.AGENT
+        model = registry.get_agent(agent).model
         client = Client(load_settings())
         stack.callback(client.close)
         print(
             f"chorus vs raw Celery: {args.steps} steps x {tasks.TOOLS_PER_STEP} no-op tools, "
+            f"model {model}, "
             f"{args.turns} turns, pool={args.pool} concurrency={args.concurrency}; "
             f"redis {redis_url}, db {db_url.rsplit('/', 1)[-1]}",
             flush=True,
@@ -412,11 +504,25 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         sides = [
             Side(
                 "chorus",
-                chorus_turn(client, tasks.AGENT, args.steps, args.turn_timeout, job_ids),
+                chorus_turn(
+                    client,
+                    agent,
+                    job_input(args.steps, tasks.TOOLS_PER_STEP),
+                    expected_answer(args.steps),
+                    args.turn_timeout,
+                    job_ids,
+                ),
                 chorus_worker,
             ),
             Side(
                 "raw celery", raw_turn(tasks, raw_prefix, args.steps, args.turn_timeout), raw_worker
+            ),
+            Side(
+                RAW_MODEL,
+                raw_model_turn(
+                    tasks, raw_prefix, model, model_settings, args.steps, args.turn_timeout
+                ),
+                raw_worker,
             ),
         ]
         for side in sides:

@@ -3,14 +3,21 @@
 Imported by both workers the bench starts:
 
 - the Chorus worker, through ``CHORUS_MODULES=bench.step_overhead_tasks``:
-  a no-op tool ``bench_noop``, a scripted model that calls it 4 times per
-  step for as many steps as the job input asks (``steps=N``), then answers,
-  and the agent ``bench-step-overhead`` tying them together;
+  the no-op tool ``bench_noop`` and, when the bench runs a loopback model
+  server (``BENCH_LLM_BASE``), the agent ``bench-loopback``
+  (:mod:`bench.loopback_agent`); and a scripted model that calls the tool 4
+  times per step for as many steps as the job input asks (``steps=N``),
+  then answers, with the agent ``bench-step-overhead`` on it
+  (``--model scripted``);
 - the raw Celery worker, through ``celery -A bench.step_overhead_tasks``:
   the same canvas shape with no Chorus in it, ``bench.step`` →
   ``chord(group(4 x bench.tool), bench.advance)`` → ``bench.step`` …,
   on the same Celery configuration (:func:`orchestrator.celery_conf.celery_config`)
-  under its own Redis prefix (``BENCH_RAW_PREFIX``).
+  under its own Redis prefix (``BENCH_RAW_PREFIX``); and the same canvas
+  whose step makes the model call Chorus makes, through the same model
+  client (:func:`orchestrator.llm.call.complete`, same model, messages and
+  tools): ``bench.model_step`` → ``chord(group(tools), bench.model_advance)``
+  → ``bench.model_step`` …, the history carried in the task arguments.
 
 ``BENCH_PROFILE=<dir>`` makes a worker profile every task it runs with
 cProfile (one profiler per pool thread, enabled between ``task_prerun`` and
@@ -22,6 +29,7 @@ profiles per-thread CPU time instead of wall time.
 from __future__ import annotations
 
 import cProfile
+import json
 import os
 import re
 import threading
@@ -38,8 +46,10 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from orchestrator import Agent, tool
+from bench.loopback_agent import bench_noop
+from orchestrator import Agent
 from orchestrator.celery_conf import celery_config
+from orchestrator.llm.call import complete, tool_to_openai
 from orchestrator.llm.scripted import Reply, call, register_script, scripted_model
 from orchestrator.settings import load_settings
 
@@ -54,16 +64,6 @@ _STEPS_RE = re.compile(r"steps=(\d+)")
 
 
 # --- Chorus side ----------------------------------------------------------
-
-
-@tool
-def bench_noop(i: int) -> int:
-    """Do nothing and return the argument.
-
-    Args:
-        i: any integer.
-    """
-    return i
 
 
 def _steps_asked(messages: list[dict[str, Any]]) -> int:
@@ -85,10 +85,12 @@ def _reply(messages: list[dict[str, Any]]) -> Reply:
 
 register_script(AGENT, [_reply] * (MAX_STEPS + 1))
 
+SYSTEM = "Benchmark agent: call the no-op tool as told."
+
 bench_agent = Agent(
     AGENT,
     model=scripted_model(AGENT),
-    system="Benchmark agent: call the no-op tool as told.",
+    system=SYSTEM,
     tools=[bench_noop],
     max_steps=MAX_STEPS + 1,
 )
@@ -110,8 +112,10 @@ def _raw_app() -> Celery:
     raw.conf.update(celery_config(settings))
     raw.conf.task_routes = {
         "bench.step": {"queue": "llm"},
+        "bench.model_step": {"queue": "llm"},
         "bench.tool": {"queue": "tools"},
         "bench.advance": {"queue": "control"},
+        "bench.model_advance": {"queue": "control"},
     }
     raw.conf.beat_schedule = {}
     return raw
@@ -151,6 +155,63 @@ def raw_tool(i: int) -> int:
 def raw_advance(run_id: str, step: int, steps: int) -> None:
     """The chord callback: send the next step."""
     raw_step.apply_async((run_id, step + 1, steps))
+
+
+# --- raw Celery with the model call -------------------------------------
+
+
+@app.task(name="bench.model_step", ignore_result=True, shared=False)
+def raw_model_step(
+    run_id: str, model: str, settings: dict[str, Any], messages: list[dict[str, Any]]
+) -> None:
+    """The raw step with Chorus's model call: the same ``complete`` on the
+    same model, then a chord of the tools it asked for, or the end of the turn."""
+    reply = complete(model, messages, [tool_to_openai(bench_noop.spec)], settings)
+    if not reply.tool_calls:
+        prefix = app.conf.broker_transport_options["global_keyprefix"].rstrip(":")
+        _redis().rpush(done_key(prefix, run_id), reply.text)
+        return
+    calls = [
+        {
+            "id": c.tool_request_id,
+            "type": "function",
+            "function": {"name": c.tool, "arguments": json.dumps(c.params)},
+        }
+        for c in reply.tool_calls
+    ]
+    messages = [
+        *messages,
+        {"role": "assistant", "content": reply.text or None, "tool_calls": calls},
+    ]
+    tools = [raw_tool.si(c.params.get("i", 0)) for c in reply.tool_calls]
+    chord(group(tools), raw_model_advance.s(run_id, model, settings, messages)).apply_async()
+
+
+@app.task(name="bench.model_advance", ignore_result=True, shared=False)
+def raw_model_advance(
+    results: list[Any],
+    run_id: str,
+    model: str,
+    settings: dict[str, Any],
+    messages: list[dict[str, Any]],
+) -> None:
+    """The chord callback: the tool results as tool messages, then the next step."""
+    calls = messages[-1]["tool_calls"]
+    tool_messages = [
+        {
+            "role": "tool",
+            "tool_call_id": c["id"],
+            "name": c["function"]["name"],
+            "content": json.dumps(r),
+        }
+        for c, r in zip(calls, results, strict=True)
+    ]
+    raw_model_step.apply_async((run_id, model, settings, [*messages, *tool_messages]))
+
+
+def first_messages(text: str) -> list[dict[str, Any]]:
+    """The first request of a turn, as the Chorus agents send it."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
 
 
 # --- optional per-task profiling -----------------------------------------
