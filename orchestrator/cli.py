@@ -337,8 +337,9 @@ def local(
 ) -> None:
     """Run one job on the embedded default: no Redis or Postgres needed.
 
-    Starts the bundled redis-server, a SQLite file and an in-process worker,
-    then runs the example trip-planning agent (or AGENT) and follows it.
+    Starts the bundled redis-server, a SQLite file and one worker process a
+    core (their logs in STATE_DIR/workers.log), then runs the example
+    trip-planning agent (or AGENT) and follows it.
     """
     from orchestrator.local import local_stack
 

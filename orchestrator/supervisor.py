@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 log = logging.getLogger(__name__)
 
@@ -129,19 +130,20 @@ class _Child:
 
 
 class Supervisor:
-    """N worker processes; ``argv(i)`` is the command of child i (from 1)."""
+    """N worker processes; ``argv(i)`` is the command of child i (from 1).
+    Their output goes to OUTPUT (default: the supervisor's own)."""
 
     def __init__(
         self,
         argv: Callable[[int], Sequence[str]],
         count: int,
         env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
+        output: IO[bytes] | None = None,
     ) -> None:
         self._argv = argv
         self._count = count
         self._env = {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}
-        self._cwd = cwd
+        self._output = output
         self._children: list[_Child] = []
         self.stopping = False
 
@@ -149,8 +151,9 @@ class Supervisor:
         return subprocess.Popen(
             list(self._argv(index)),
             env=self._env,
-            cwd=self._cwd,
             stdin=subprocess.DEVNULL,
+            stdout=self._output,
+            stderr=self._output,
             start_new_session=True,
         )
 
