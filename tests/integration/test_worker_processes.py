@@ -109,6 +109,12 @@ def test_processes_all_take_steps_and_a_killed_one_is_restarted(settings: Settin
             tools.wait_ready(client)
             first = llm.children()
             assert len(first) == 2
+            # and the probe of the node it was given answers through its processes
+            ping = [sys.executable, "-m", "orchestrator.cli", "ping", "--node", llm.node]
+            out = subprocess.run(
+                ping, cwd=ROOT, env=worker_env(own), capture_output=True, text=True, timeout=60
+            )
+            assert out.returncode == 0, out.stderr
 
             # When jobs run on it
             jobs = [client.submit("fleet-batch", "1 0.05") for _ in range(12)]
