@@ -55,12 +55,29 @@ def _client(settings: Settings | None = None) -> Client:
         return Client(settings or _settings())
 
 
+#: Threads of a worker that takes `tools`: a parallel batch of tools that
+#: wait on I/O runs at once, whatever the core count.
+TOOLS_THREADS = 32
+
+
 def _default_pool(queues: list[str]) -> tuple[str, int]:
-    if "tools" in queues:
-        return "prefork", os.cpu_count() or 2
     if "llm" in queues:
         return "threads", 100
+    if "tools" in queues:
+        return "threads", TOOLS_THREADS
     return "threads", 16
+
+
+def _supervise(argv: list[str], processes: int, name: str | None) -> int:
+    """Run ``chorus worker ARGV`` (no -n) in PROCESSES processes, nodes NAME-i@HOST."""
+    from orchestrator.logs import setup_logging
+    from orchestrator.supervisor import Supervisor, process_node
+
+    settings = _settings()
+    setup_logging(settings.log_level, settings.log_format)
+    command = [sys.executable, "-m", "orchestrator.cli", "worker", *argv]
+    supervisor = Supervisor(lambda i: [*command, "-n", process_node(name, i)], processes)
+    return supervisor.run()
 
 
 @app.command()
@@ -72,31 +89,43 @@ def worker(
     concurrency: Annotated[int | None, typer.Option("--concurrency", "-c")] = None,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Node name.")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    processes: Annotated[
+        str,
+        typer.Option(
+            "--processes",
+            help="Worker processes: 'auto' (one a core) or N; nodes NAME-1@HOST, ...",
+        ),
+    ] = "1",
 ) -> None:
     """Run a Celery worker for Chorus queues.
 
-    Defaults: the `llm` queue is I/O-bound, so a threads pool with 100 slots;
-    a worker that takes `tools` uses prefork with one process per core.
+    Defaults: a threads pool, with 100 slots for `llm`, 32 for `tools` (a
+    parallel batch of I/O-bound tools runs at once; `-P prefork` for
+    CPU-bound tools) and 16 otherwise. One threads process uses one core:
+    `--processes auto` runs one a core under a supervisor that forwards
+    signals and restarts a child that dies.
     """
-    from workers.app import create_app
+    from orchestrator.supervisor import die_with_supervisor, parse_processes
 
     names = [q.strip() for q in queues.split(",") if q.strip()]
     default_pool, default_concurrency = _default_pool(names)
-    argv = [
-        "worker",
-        "-Q",
-        ",".join(names),
-        "-P",
-        pool or default_pool,
-        "-c",
-        str(concurrency or default_concurrency),
-        "-E",
-        "-l",
-        loglevel,
-    ]
-    if name:
-        argv += ["-n", name]
-    create_app(_settings()).worker_main(argv)
+    pool = pool or default_pool
+    count = parse_processes(processes)
+    if count > 1 and pool == "prefork":
+        from orchestrator.errors import InvalidRequestError
+
+        raise InvalidRequestError(
+            "--processes is for threads or gevent pools: prefork already runs -c processes",
+            ["processes"],
+        )
+    argv = ["-Q", ",".join(names), "-P", pool, "-c", str(concurrency or default_concurrency)]
+    argv += ["-l", loglevel]
+    if count > 1:
+        raise typer.Exit(_supervise(argv, count, name))
+    from workers.app import create_app
+
+    die_with_supervisor()
+    create_app(_settings()).worker_main(["worker", *argv, "-E", *(["-n", name] if name else [])])
 
 
 @app.command()
@@ -117,14 +146,19 @@ def ping(
 ) -> None:
     """Exit 0 if the worker NODE answers a Celery ping (a liveness probe).
 
-    Goes through the Chorus broker settings (key prefix included), which a
-    bare `celery inspect ping` would not.
+    A worker run with `--processes` answers through any of its processes
+    (nodes NAME-1@HOST, NAME-2@HOST, ...; the supervisor restarts a dead
+    one). Goes through the Chorus broker settings (key prefix included),
+    which a bare `celery inspect ping` would not.
     """
     from orchestrator.celery_conf import make_celery
+    from orchestrator.supervisor import node_pattern
 
     celery = make_celery(_settings(), main="chorus-ping")
     try:
-        replies = celery.control.ping(destination=[node], timeout=timeout)
+        replies = celery.control.ping(
+            timeout=timeout, limit=1, pattern=node_pattern(node), matcher="pcre"
+        )
     finally:
         celery.close()
     if not replies:
@@ -303,8 +337,9 @@ def local(
 ) -> None:
     """Run one job on the embedded default: no Redis or Postgres needed.
 
-    Starts the bundled redis-server, a SQLite file and an in-process worker,
-    then runs the example trip-planning agent (or AGENT) and follows it.
+    Starts the bundled redis-server, a SQLite file and one worker process a
+    core (their logs in STATE_DIR/workers.log), then runs the example
+    trip-planning agent (or AGENT) and follows it.
     """
     from orchestrator.local import local_stack
 

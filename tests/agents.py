@@ -715,3 +715,32 @@ def _four_tools(messages: list[dict[str, Any]]) -> Reply:
 
 register_script("four-tools", [_four_tools] * 40)
 Agent("four-tools", scripted_model("four-tools"), tools=[db_noop], max_steps=40)
+
+
+# --- fleet helper ---
+
+
+@tool(timeout=60.0)
+def fleet_sleep(label: str, seconds: float) -> dict[str, Any]:
+    """Wait on nothing, like a tool waiting on I/O.
+
+    Args:
+        label: a name for this call.
+        seconds: how long to wait.
+    """
+    time.sleep(seconds)
+    return {"label": label, "pid": os.getpid()}
+
+
+def _fleet_batch(messages: list[dict[str, Any]]) -> Reply:
+    """The input "N SECONDS": N parallel fleet_sleep calls, then an answer."""
+    count, seconds = str(next(m["content"] for m in messages if m["role"] == "user")).split()
+    if messages[-1]["role"] == "tool":
+        return Reply.say(f"slept {count}")
+    return Reply.call(
+        *(call("fleet_sleep", label=f"s{i}", seconds=float(seconds)) for i in range(int(count)))
+    )
+
+
+register_script("fleet-batch", [_fleet_batch] * 200)
+Agent("fleet-batch", scripted_model("fleet-batch"), tools=[fleet_sleep])

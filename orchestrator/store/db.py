@@ -32,6 +32,8 @@ PING_AFTER_IDLE = 5.0
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # Transactions are begun by _sqlite_begin, not by the driver.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
@@ -64,6 +66,17 @@ def _ping_if_idle(
             dbapi_conn.autocommit = autocommit
 
 
+def _sqlite_begin(conn: Any) -> None:
+    """Take the write lock when a transaction begins. Several worker
+    processes write the file: a deferred transaction that read first and
+    then writes after another's commit gets SQLITE_BUSY at once, whatever
+    the busy timeout; an immediate one waits its turn. A single autocommit
+    statement (:func:`autocommit_engine`) is atomic on its own."""
+    if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        return
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 @lru_cache(maxsize=8)
 def get_engine(url: str) -> Engine:
     """One pooled engine per URL per process."""
@@ -75,6 +88,7 @@ def get_engine(url: str) -> Engine:
             url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20
         )
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     # LIFO: the hot path keeps reusing the connections just returned, so
     # they are not idle long enough to be pinged; the others age out.

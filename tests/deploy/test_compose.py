@@ -223,17 +223,40 @@ def test_has_a_healthcheck(project: Project, name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "queue", "pool", "concurrency"),
-    [("llm", "llm", "threads", "100"), ("tools", "tools", "prefork", "2"),
-     ("control", "control", "threads", "16")],
+    ("name", "queue", "pool", "concurrency", "processes"),
+    [("llm", "llm", "threads", "100", "auto"), ("tools", "tools", "threads", "32", "auto"),
+     ("control", "control", "threads", "16", None)],
 )  # fmt: skip
 def test_worker_queue_and_pool(
-    project: Project, name: str, queue: str, pool: str, concurrency: str
+    project: Project, name: str, queue: str, pool: str, concurrency: str, processes: str | None
 ) -> None:
     command = service(project, name)["command"]
     options = dict(zip(command[2::2], command[3::2], strict=False))
     assert command[:2] == ["chorus", "worker"]
-    assert options == {"-Q": queue, "-P": pool, "-c": concurrency, "-n": f"{name}@%h"}
+    expected = {"-Q": queue, "-P": pool, "-c": concurrency, "-n": f"{name}@%h"}
+    if processes:
+        expected["--processes"] = processes
+    assert options == expected
+
+
+@pytest.mark.parametrize("name", ["llm", "tools"])
+def test_model_steps_and_tools_use_every_core(project: Project, name: str) -> None:
+    # One threads process is bound by the GIL to one core: one a core
+    # (`auto` reads the container's CPU quota), and the tools pool is not
+    # capped at the core count for a batch of tools waiting on I/O.
+    command = service(project, name)["command"]
+    assert command[command.index("--processes") + 1] == "auto"
+    assert command[command.index("-P") + 1] == "threads"
+    assert int(command[command.index("-c") + 1]) >= 32
+
+
+def test_worker_processes_can_be_set_from_dotenv(tmp_path: Path) -> None:
+    directory = project_copy(tmp_path)
+    (directory / ".env").write_text("LLM_PROCESSES=3\nTOOLS_PROCESSES=2\n")
+    resolved = json.loads(compose(directory, "config", "--format", "json").stdout)
+    for name, count in (("llm", "3"), ("tools", "2")):
+        command = resolved["services"][name]["command"]
+        assert command[command.index("--processes") + 1] == count
 
 
 def test_flower_sees_prefixed_celery_keys_and_is_published(project: Project) -> None:

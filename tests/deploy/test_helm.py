@@ -35,8 +35,8 @@ KUBE_VERSION = "1.30.0"
 SCHEMA_VERSIONS = sorted({KUBE_VERSION, kubernetes_validate.latest_version()})
 
 DEFAULT_POOLS = {
-    "llm": ["worker", "-Q", "llm", "-P", "threads", "-c", "100"],
-    "tools": ["worker", "-Q", "tools", "-P", "prefork", "-c", "2"],
+    "llm": ["worker", "-Q", "llm", "-P", "threads", "-c", "100", "--processes", "1"],
+    "tools": ["worker", "-Q", "tools", "-P", "threads", "-c", "32", "--processes", "1"],
     "control": ["worker", "-Q", "control", "-P", "threads", "-c", "16"],
 }
 PING = 'exec chorus ping --node "$CHORUS_NODE_NAME" --timeout 5'
@@ -386,6 +386,42 @@ def test_services_select_pods_and_ports_exist(
             assert port["targetPort"] in ports
 
 
+def _cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def _option(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_threads_workers_request_a_core_per_process(
+    helm: Helm, full_values: Path, scenario: str
+) -> None:
+    # One threads process is bound by the GIL to one core: a pod running N
+    # of them asks for N cores, so scaling pods scales cores.
+    manifests = render(helm, *scenario_files(scenario, full_values))
+    for pool in ("llm", "tools"):
+        c = container(one(manifests, "Deployment", f"{FULLNAME}-worker-{pool}"))
+        assert _option(c["args"], "-P") == "threads"
+        processes = int(_option(c["args"], "--processes") or 1)
+        assert _cores(c["resources"]["requests"]["cpu"]) == processes, pool
+
+
+def test_the_tools_pool_is_not_capped_at_the_core_count(default_manifests: list[Manifest]) -> None:
+    # A parallel batch of tools waiting on I/O runs at once.
+    c = container(one(default_manifests, "Deployment", f"{FULLNAME}-worker-tools"))
+    assert int(_option(c["args"], "-c") or 0) >= 32
+
+
+@pytest.mark.parametrize("processes", ["4", "auto"])
+def test_processes_of_a_pool(helm: Helm, processes: str) -> None:
+    value = f"workers.pools.llm.processes={processes}"
+    manifests = render(helm, sets=(value,))
+    c = container(one(manifests, "Deployment", f"{FULLNAME}-worker-llm"))
+    assert _option(c["args"], "--processes") == processes
+
+
 def test_a_pool_can_be_switched_off(helm: Helm) -> None:
     manifests = render(helm, sets=("workers.pools.tools.enabled=false",))
     names = set(by_kind(manifests, "Deployment"))
@@ -662,6 +698,8 @@ def test_a_lint_warning_fails_strict_lint(helm: Helm, chart_copy: Path) -> None:
     [
         ("workers.pools.llm.pool=fork", "workers.pools.llm.pool"),
         ("workers.pools.llm.concurrency=0", "workers.pools.llm.concurrency"),
+        ("workers.pools.llm.processes=0", "workers.pools.llm.processes"),
+        ("workers.pools.llm.processes=many", "workers.pools.llm.processes"),
         ("workers.pools.Bad_Name.queues={x}", "workers.pools"),
         ("workers.pools.llm.queus={llm}", "queus"),
         ("existingSecrets=typo", "existingSecrets"),
@@ -687,6 +725,10 @@ def test_bad_values_are_refused(helm: Helm, setting: str, message: str) -> None:
                 "workers.pools.llm.autoscaling.targetCPUUtilizationPercentage=0",
             ],
             "enable at least one metric",
+        ),
+        (
+            ["workers.pools.tools.pool=prefork", "workers.pools.tools.processes=2"],
+            "processes is for threads or gevent pools",
         ),
         (["workers.probes.liveness.timeoutSeconds=5"], "must exceed workers.probes.pingTimeout"),
     ],
