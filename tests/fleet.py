@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from orchestrator import Client, Settings
 from tests.conftest import ROOT, WorkerProcess, worker_env
@@ -55,3 +59,35 @@ def llm_fleet(settings: Settings, name: str) -> Iterator[Client]:
     finally:
         worker.stop()
         client.close()
+
+
+@contextmanager
+def in_process_worker(settings: Settings, concurrency: int = 16) -> Iterator[Any]:
+    """A Celery worker (threads pool, every queue) in a background thread."""
+    from workers.app import create_app
+
+    app = create_app(settings)
+    # Celery resolves chord callbacks through the current app: without this,
+    # an in-process worker runs chord parts but never their callback.
+    app.set_current()
+    app.set_default()
+    worker = app.WorkController(
+        pool_cls="threads",
+        concurrency=concurrency,
+        queues=["llm", "tools", "control"],
+        hostname="chorus-local@localhost",
+        loglevel=os.environ.get("CHORUS_LOCAL_LOGLEVEL", "WARNING"),
+        without_heartbeat=True,
+        without_mingle=True,
+        without_gossip=True,
+    )
+    thread = threading.Thread(target=worker.start, name="chorus-local-worker", daemon=True)
+    thread.start()
+    try:
+        yield app
+    finally:
+        worker.stop(in_sighandler=False)
+        thread.join(10)
+        # Chord results hold Redis subscriptions until collected; collect them
+        # while the embedded Redis still runs, not at interpreter exit.
+        gc.collect()

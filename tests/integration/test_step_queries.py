@@ -27,8 +27,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from orchestrator import Client, Settings
-from orchestrator.local import in_process_worker
 from orchestrator.store.db import PING_AFTER_IDLE, get_engine
+from tests.fleet import in_process_worker
 
 pytestmark = pytest.mark.integration
 
