@@ -35,7 +35,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from sqlalchemy import BigInteger, ColumnElement, func, insert, literal, select, text
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Update,
+    exists,
+    func,
+    insert,
+    literal,
+    select,
+    text,
+    union_all,
+)
 from sqlmodel import Session, col
 
 from orchestrator.keys import events_stream
@@ -177,6 +188,51 @@ class Outbox:
         module's docstring), and keep them for :meth:`publish`."""
         if not self.pending:
             return
+        rows, values = self._take(session)
+        stored = session.execute(
+            insert(EventRow).values(values).returning(col(EventRow.id), col(EventRow.seq))
+        ).all()
+        self._numbered(session, rows, stored)
+
+    def flush_if(self, session: Session, guard: Update) -> bool:
+        """Run ``guard``, a conditional UPDATE, and store the pending events
+        only if it changed a row, in ONE statement (Postgres: a
+        data-modifying CTE): in an autocommit session the change and its
+        events commit together in a single round trip. Returns whether
+        ``guard`` changed a row (if not, the events are dropped)."""
+        if _dialect(session) != "postgresql":
+            raise ValueError("flush_if needs Postgres; use a transaction and flush")
+        rows, values = self._take(session)
+        written = guard.returning(literal(1).label("one")).cte("written")
+        table = EventRow.__table__  # type: ignore[attr-defined]
+        names = list(values[0])
+        source = union_all(
+            *(
+                select(
+                    *(
+                        (v if isinstance(v, ColumnElement) else literal(v, table.c[n].type)).label(
+                            n
+                        )
+                        for n, v in row.items()
+                    )
+                ).where(exists(select(written.c.one)))
+                for row in values
+            )
+        )
+        stored = session.execute(
+            insert(EventRow)
+            .from_select(names, source)
+            .add_cte(written)
+            .returning(col(EventRow.id), col(EventRow.seq))
+        ).all()
+        if not stored:
+            self.numbered -= len(rows)
+            return False
+        self._numbered(session, rows, stored)
+        return True
+
+    def _take(self, session: Session) -> tuple[list[EventRow], list[dict[str, Any]]]:
+        """The pending events, and the values that store them numbered."""
         rows, self.pending = self.pending, []
         postgres = _dialect(session) == "postgresql"
         index = self.numbered
@@ -210,12 +266,13 @@ class Outbox:
                     "created_at": row.created_at,
                 }
             )
-        stored = session.execute(
-            insert(EventRow).values(values).returning(col(EventRow.id), col(EventRow.seq))
-        ).all()
-        if postgres:
+        return rows, values
+
+    def _numbered(self, session: Session, rows: list[EventRow], stored: Any) -> None:
+        """Give ``rows`` the numbers the INSERT returned; keep them for publishing."""
+        if _dialect(session) == "postgresql":
             base = max(number for _, number in stored) >> SEQ_BITS << SEQ_BITS
-            for offset, row in enumerate(rows, start=index):
+            for offset, row in enumerate(rows, start=self.numbered - len(rows)):
                 row.seq = base + offset
         else:  # ids follow the rows' order in the VALUES list
             for row, (_, number) in zip(rows, sorted(stored), strict=True):

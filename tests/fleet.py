@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from celery._state import _set_task_join_will_block
+
 from orchestrator import Client, Settings
 from tests.conftest import ROOT, WorkerProcess, worker_env
 
@@ -88,6 +90,9 @@ def in_process_worker(settings: Settings, concurrency: int = 16) -> Iterator[Any
     finally:
         worker.stop(in_sighandler=False)
         thread.join(10)
+        # A started worker marks the whole process as one whose result.get()
+        # would block a pool; this process is the test's client again.
+        _set_task_join_will_block(False)
         # Chord results hold Redis subscriptions until collected; collect them
         # while the embedded Redis still runs, not at interpreter exit.
         gc.collect()

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import Update, func, update
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
@@ -118,8 +118,16 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
     log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
     result = _cap(storable(result), rt.settings.max_tool_result_chars)
 
-    with rt.transaction(started) as (session, outbox):
-        _store_result(session, outbox, call, turn, conv, result, is_error)
+    with rt.autocommit() as session:
+        postgres = returns_joined_rows(session)
+        if postgres:  # the result and its events: one statement, one round trip
+            _record_completion(started, call, turn, conv, result, is_error)
+            stored = started.flush_if(session, _result_update(call.id, result, is_error))
+    if not postgres:
+        with rt.transaction(started) as (session, outbox):
+            _store_result(session, outbox, call, turn, conv, result, is_error)
+    elif stored:
+        rt.publish(started)
     return []
 
 
@@ -222,11 +230,11 @@ def _claim_in(session: Session, call_id: str, task_id: str | None) -> ToolCallRo
     ).scalar_one_or_none()
 
 
-def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: bool) -> bool:
-    """Write the call's one result; False if a result was already there."""
-    written = session.execute(
+def _result_update(call_id: str, result: Any, is_error: bool) -> Update:
+    """The call's one result: changes no row if a result is already there."""
+    return (
         update(ToolCallRow)
-        .where(col(ToolCallRow.id) == call.id, col(ToolCallRow.status).not_in(CALL_FINISHED))
+        .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(CALL_FINISHED))
         .values(
             status="failed" if is_error else "completed",
             result=result,
@@ -234,6 +242,11 @@ def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: b
             finished_at=utcnow(),
         )
     )
+
+
+def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: bool) -> bool:
+    """Write the call's one result; False if a result was already there."""
+    written = session.execute(_result_update(call.id, result, is_error))
     return bool(written.rowcount == 1)  # type: ignore[attr-defined]
 
 
@@ -248,15 +261,26 @@ def _store_result(
 ) -> None:
     """Record the call's result and its event, unless it already has one."""
     if _record_result(session, call, result, is_error):
-        outbox.record(
-            EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
-            conv,
-            turn,
-            tool=call.tool,
-            tool_request_id=call.tool_request_id,
-            result=result,
-            step=call.step,
-        )
+        _record_completion(outbox, call, turn, conv, result, is_error)
+
+
+def _record_completion(
+    outbox: Outbox,
+    call: ToolCallRow,
+    turn: Turn,
+    conv: Conversation,
+    result: Any,
+    is_error: bool,
+) -> None:
+    outbox.record(
+        EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
+        conv,
+        turn,
+        tool=call.tool,
+        tool_request_id=call.tool_request_id,
+        result=result,
+        step=call.step,
+    )
 
 
 def _delegate(
