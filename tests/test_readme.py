@@ -36,7 +36,7 @@ NOT_RUN = {
         "checked offline by tests/deploy/test_helm.py (helm lint --strict, helm template, "
         "kubernetes-validate --strict)"
     ),
-    ".venv/bin/python bench/step_overhead.py": (
+    ".venv/bin/python bench/throughput.py     # model": (
         "benchmarks load the machine for minutes by design and print figures; they assert nothing"
     ),
 }
@@ -52,7 +52,8 @@ PARTLY = {
 
 #: Files the blocks that are not run name: they must exist.
 NAMED_FILES = [".env.example", "compose.yaml", "helm/chorus", "helm/values-example.yaml"]
-NAMED_FILES += ["bench/step_overhead.py", "bench/fanout.py"]
+NAMED_FILES += [f"bench/{name}.py" for name in ("step_overhead", "fanout", "throughput")]
+NAMED_FILES += [f"bench/{name}.py" for name in ("history", "storage", "model_client")]
 
 
 def _first(block: readme.Block) -> str:
