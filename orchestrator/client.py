@@ -406,7 +406,10 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
                     yield from _rest(job, correlation_id, last, waiter)
                     return
             events = waiter.wait(subscription, behind=announced > last)
-            stale = events is None  # on a quiet period, look in Postgres anyway
+            # on a quiet period look in Postgres anyway; and while an
+            # announced event is not readable yet (an older transaction is
+            # still open), look again even if only deltas came meanwhile
+            stale = events is None or announced > last
             for event in events or []:
                 if event.correlation_id != correlation_id:
                     continue

@@ -9,8 +9,8 @@ from sqlmodel import col, select
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import CALL_FINISHED, MessageRow, ToolCallRow, Turn
-from schemas import ToolResultBlock
+from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow, Turn
+from schemas import ConversationState, ToolResultBlock
 
 
 def advance(
@@ -27,13 +27,21 @@ def advance(
     pending = aliased(ToolCallRow)
     with rt.session() as session:
         # None while a part is still out (its own advance, or the sweeper,
-        # comes later): with N subagents, N-1 of their advances find work
-        # out and read no call.
+        # comes later) or once the cursor has moved on: with N subagents,
+        # N-1 of their advances find work out, and the late ones a moved
+        # cursor, and read no call.
         calls = session.exec(
             select(ToolCallRow)
             .where(
                 col(ToolCallRow.turn_id) == turn_id,
                 col(ToolCallRow.step) == step,
+                exists().where(
+                    col(Conversation.id) == conversation_id,
+                    col(Conversation.state) == ConversationState.RUNNING.value,
+                    col(Conversation.turn_id) == turn_id,
+                    col(Conversation.cursor_step) == step,
+                    col(Conversation.cursor_segment) == segment,
+                ),
                 ~exists().where(
                     col(pending.turn_id) == turn_id,
                     col(pending.step) == step,

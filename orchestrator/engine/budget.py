@@ -70,11 +70,12 @@ def tool_calls_left(job: Turn) -> int | None:
 def lock_job(session: Session, job_id: str) -> None:
     """Lock the job's root conversation row before the job's turn is written.
 
-    The root row is also where a transaction's events take their sequence
-    numbers, so a transaction that writes the job's turn and records events
-    would otherwise lock the job's turn, then the root; one that starts at
-    the root (a root-level step) locks them the other way round. Taking the
-    root first everywhere the job's turn is written keeps one order."""
+    A root-level step locks the root row, then writes the job's turn (its
+    own). A child's transaction that wrote the job's turn first and then
+    touched the root row (a child answering a call of the root) would take
+    the two the other way round. Taking the root first everywhere the job's
+    turn is written keeps one order. (Events no longer lock the root row:
+    see ``orchestrator/events.py``.)"""
     root = select(Turn.root_id).where(col(Turn.id) == job_id).scalar_subquery()
     session.execute(select(Conversation.id).where(col(Conversation.id) == root).with_for_update())
 

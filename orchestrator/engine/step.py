@@ -161,12 +161,15 @@ def _past_max_steps(
     return ended or []
 
 
-def _defer(session: Session, conv: Conversation, countdown: float) -> RunStep:
-    """Release the lease and record when the step is due again, so the
-    sweeper does not take a countdown longer than the stall timeout for a
-    lost task; return the step to send with that countdown."""
+def _defer(
+    session: Session, conv: Conversation, countdown: float, owner: str | None = None
+) -> RunStep:
+    """Release the lease (only ``owner``'s, when given: outside a lock on
+    the row) and record when the step is due again, so the sweeper does not
+    take a countdown longer than the stall timeout for a lost task; return
+    the step to send with that countdown."""
     assert conv.turn_id is not None
-    _release_lease(session, conv.id, due_at=utcnow() + timedelta(seconds=countdown))
+    _release_lease(session, conv.id, owner, due_at=utcnow() + timedelta(seconds=countdown))
     return RunStep(conv.id, conv.turn_id, conv.cursor_step, countdown=countdown)
 
 
@@ -212,7 +215,7 @@ def _run_step(
     admitted = Outbox()  # llm.requested, stored with what this step stores next
     if over is not None:
         with rt.autocommit() as session:
-            _release_lease(session, conversation_id)
+            _release_lease(session, conversation_id, owner)
         job_id = job.id
     else:
         tools_allowed = tool_calls_left(job) != 0
@@ -227,7 +230,7 @@ def _run_step(
         wait = _admit(rt, admitted, conv, turn, step, spec, size) if fits else 0.0
         if wait > 0:
             with rt.autocommit() as session:
-                return [_defer(session, conv, wait)]
+                return [_defer(session, conv, wait, owner)]
     correlation_id = turn.correlation_id
     root_id = conv.root_id
     context_data = turn.context_data
@@ -581,7 +584,8 @@ def _persist_owned(
     """Store the reply if this copy still owns the step; None if it does not."""
     with rt.transaction(_carried(admitted)) as (session, outbox):
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
-        if loaded is None:
+        if loaded is None:  # the caller stores llm.requested with the usage
+            outbox.discard()
             return None
         conv, turn = loaded
         spec = AgentSpec.model_validate(conv.agent_spec)

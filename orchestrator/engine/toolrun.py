@@ -125,7 +125,8 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
             stored = started.flush_if(session, _result_update(call.id, result, is_error))
     if not postgres:
         with rt.transaction(started) as (session, outbox):
-            _store_result(session, outbox, call, turn, conv, result, is_error)
+            if not _store_result(session, outbox, call, turn, conv, result, is_error):
+                outbox.discard()  # another copy finished it: no tool.started either
     elif stored:
         rt.publish(started)
     return []
@@ -258,10 +259,13 @@ def _store_result(
     conv: Conversation,
     result: Any,
     is_error: bool,
-) -> None:
-    """Record the call's result and its event, unless it already has one."""
-    if _record_result(session, call, result, is_error):
-        _record_completion(outbox, call, turn, conv, result, is_error)
+) -> bool:
+    """Record the call's result and its event, unless it already has one
+    (then False)."""
+    if not _record_result(session, call, result, is_error):
+        return False
+    _record_completion(outbox, call, turn, conv, result, is_error)
+    return True
 
 
 def _record_completion(
