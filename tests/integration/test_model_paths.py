@@ -25,7 +25,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -66,6 +66,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _unavailable(reason: str) -> NoReturn:
+    """No proxy here: skip, unless CHORUS_TEST_LITELLM_PROXY names one (CI
+    does), when its failing to start is a failure."""
+    if os.environ.get("CHORUS_TEST_LITELLM_PROXY"):
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
 def _proxy_executable() -> str | None:
     for candidate in (
         os.environ.get("CHORUS_TEST_LITELLM_PROXY"),
@@ -84,7 +92,7 @@ def proxy(
     URL and its key (it refuses to start without one)."""
     executable = _proxy_executable()
     if executable is None:
-        pytest.skip("no litellm proxy executable (set CHORUS_TEST_LITELLM_PROXY)")
+        _unavailable("no litellm proxy executable (set CHORUS_TEST_LITELLM_PROXY)")
     folder = tmp_path_factory.mktemp("litellm-proxy")
     config = folder / "config.yaml"
     key = f"sk-{secrets.token_hex(32)}"
