@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -57,6 +57,28 @@ def database(admin_url: str, run_id: str) -> Iterator[str]:
             get_engine(url).dispose()
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def client_services(
+    stack: ExitStack, admin_url: str, run_id: str, prefix: str, modules: str, **extra: str
+) -> tuple[str, str]:
+    """Create the run's database and Redis prefix (both removed when ``stack``
+    closes) and point this process, the bench's client, at them with
+    ``extra`` settings: returns (Redis URL, database URL)."""
+    redis_url = os.environ.get("CHORUS_REDIS_URL") or DEFAULT_REDIS
+    db_url = stack.enter_context(database(admin_url, run_id))
+    stack.callback(purge_redis, redis_url, [prefix])
+    os.environ.update(
+        {
+            "CHORUS_REDIS_URL": redis_url,
+            "CHORUS_DATABASE_URL": db_url,
+            "CHORUS_REDIS_PREFIX": prefix,
+            "CHORUS_MODULES": modules,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            **extra,
+        }
+    )
+    return redis_url, db_url
 
 
 def purge_redis(url: str, prefixes: list[str]) -> None:

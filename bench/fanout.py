@@ -83,14 +83,12 @@ if str(REPO) not in sys.path:  # run as a script: make `bench.*` importable
 
 from bench._harness import (  # noqa: E402
     DEFAULT_ADMIN,
-    DEFAULT_REDIS,
     Worker,
     bench_main,
-    database,
+    client_services,
     group_cpu_seconds,
     machine_busy_seconds,
     print_py_spy,
-    purge_redis,
     py_spy,
     raise_exit,
     self_cpu_seconds,
@@ -523,24 +521,19 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, raise_exit)
     run_id = secrets.token_hex(4)
-    redis_url = os.environ.get("CHORUS_REDIS_URL") or DEFAULT_REDIS
     prefix = f"chorus-bench-fanout-{run_id}"
     bindir = Path(sys.executable).parent
     registered = sorted({*args.sizes, *([args.warmup] if args.warmup else [])})
 
     with ExitStack() as stack:
-        db_url = stack.enter_context(database(args.admin_url, run_id))
-        stack.callback(purge_redis, redis_url, [prefix])
-        os.environ.update(  # this process is the client
-            {
-                "CHORUS_REDIS_URL": redis_url,
-                "CHORUS_DATABASE_URL": db_url,
-                "CHORUS_REDIS_PREFIX": prefix,
-                "CHORUS_MODULES": TASKS_MODULE,
-                "CHORUS_MAX_CHILDREN": "100000",
-                "CHORUS_BENCH_FANOUT_SIZES": ",".join(str(n) for n in registered),
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            }
+        redis_url, db_url = client_services(
+            stack,
+            args.admin_url,
+            run_id,
+            prefix,
+            TASKS_MODULE,
+            CHORUS_MAX_CHILDREN="100000",
+            CHORUS_BENCH_FANOUT_SIZES=",".join(str(n) for n in registered),
         )
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(

@@ -66,11 +66,9 @@ if str(REPO) not in sys.path:  # run as a script: make `bench.*` importable
 
 from bench._harness import (  # noqa: E402
     DEFAULT_ADMIN,
-    DEFAULT_REDIS,
     bench_main,
     chorus_worker_cmd,
-    database,
-    purge_redis,
+    client_services,
     raise_exit,
     wait_ready,
     worker_env,
@@ -171,22 +169,11 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, raise_exit)
     run_id = secrets.token_hex(4)
-    redis_url = os.environ.get("CHORUS_REDIS_URL") or DEFAULT_REDIS
     prefix = f"chorus-bench-history-{run_id}"
     profile_dir = workdir / "profile"
 
     with ExitStack() as stack:
-        db_url = stack.enter_context(database(args.admin_url, run_id))
-        stack.callback(purge_redis, redis_url, [prefix])
-        os.environ.update(  # this process is the client
-            {
-                "CHORUS_REDIS_URL": redis_url,
-                "CHORUS_DATABASE_URL": db_url,
-                "CHORUS_REDIS_PREFIX": prefix,
-                "CHORUS_MODULES": TASKS_MODULE,
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            }
-        )
+        redis_url, db_url = client_services(stack, args.admin_url, run_id, prefix, TASKS_MODULE)
         env = worker_env()
         if args.profile:
             profile_dir.mkdir()

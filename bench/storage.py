@@ -44,11 +44,9 @@ from pathlib import Path
 
 from bench._harness import (
     DEFAULT_ADMIN,
-    DEFAULT_REDIS,
     REPO,
     bench_main,
-    database,
-    purge_redis,
+    client_services,
     raise_exit,
     wait_ready,
     worker_process,
@@ -121,22 +119,17 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, raise_exit)
     run_id = secrets.token_hex(4)
-    redis_url = os.environ.get("CHORUS_REDIS_URL") or DEFAULT_REDIS
     prefix = f"chorus-bench-storage-{run_id}"
     bindir = Path(sys.executable).parent
     with ExitStack() as stack:
-        db_url = stack.enter_context(database(args.admin_url, run_id))
-        stack.callback(purge_redis, redis_url, [prefix])
-        os.environ.update(  # this process is the client
-            {
-                "CHORUS_REDIS_URL": redis_url,
-                "CHORUS_DATABASE_URL": db_url,
-                "CHORUS_REDIS_PREFIX": prefix,
-                "CHORUS_MODULES": TASKS_MODULE,
-                "CHORUS_BENCH_STORAGE_KB": str(args.kb),
-                "CHORUS_BENCH_STORAGE_STEPS": str(args.steps),
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            }
+        _, db_url = client_services(
+            stack,
+            args.admin_url,
+            run_id,
+            prefix,
+            TASKS_MODULE,
+            CHORUS_BENCH_STORAGE_KB=str(args.kb),
+            CHORUS_BENCH_STORAGE_STEPS=str(args.steps),
         )
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
