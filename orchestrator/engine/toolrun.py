@@ -74,20 +74,13 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
 
     The claim is one statement committed on its own (it reads the call, its
     turn, its job's stop mark and its conversation as it claims); the
-    call's ``tool.started`` is stored with its result, in the result's
-    transaction, carrying the claim's time."""
+    result is one statement too, storing the result's event and the call's
+    ``tool.started`` (carrying the claim's time) only if the result took."""
     claimed = _claim(rt, call_id, task_id)
     if claimed is None:
         return _start_subagent(rt, call_id, task_id)
     call, turn, conv = claimed
-    bind(
-        conversation_id=conv.id,
-        root_id=conv.root_id,
-        turn_id=turn.id,
-        correlation_id=turn.correlation_id,
-        step=call.step,
-        tool=call.tool,
-    )
+    _bind(call, turn, conv)
     refused = refusal(AgentSpec.model_validate(conv.agent_spec), call.tool)
     if refused is not None:  # never run a tool the agent was not given
         with rt.transaction() as (session, outbox):
@@ -130,6 +123,18 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
     elif stored:
         rt.publish(started)
     return []
+
+
+def _bind(call: ToolCallRow, turn: Turn, conv: Conversation) -> None:
+    """Name the call in this task's log lines."""
+    bind(
+        conversation_id=conv.id,
+        root_id=conv.root_id,
+        turn_id=turn.id,
+        correlation_id=turn.correlation_id,
+        step=call.step,
+        tool=call.tool,
+    )
 
 
 def _claim(
@@ -204,14 +209,7 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         claimed = _claim_in(session, call_id, task_id)
         if claimed is None:
             return []  # another copy finished it since the read above
-        bind(
-            conversation_id=conv.id,
-            root_id=conv.root_id,
-            turn_id=turn.id,
-            correlation_id=turn.correlation_id,
-            step=claimed.step,
-            tool=claimed.tool,
-        )
+        _bind(claimed, turn, conv)
         return _delegate(rt, session, outbox, claimed, turn, conv)
 
 
