@@ -112,6 +112,13 @@ def record_paid(
     """A model call outside a stored step was still paid for: add it to the
     job's tree totals and say so in a ``usage`` event marked by ``flags``."""
     roll_up(session, job_of(session, turn).id, usage, 0)
+    record_usage(outbox, conv, turn, step, usage, **flags)
+
+
+def record_usage(
+    outbox: Outbox, conv: Conversation, turn: Turn, step: int, usage: Usage, **flags: bool
+) -> None:
+    """The ``usage`` event of one model call (``flags``: how it was paid for)."""
     outbox.record(
         EventName.USAGE,
         conv,

@@ -23,6 +23,7 @@ from orchestrator.engine.budget import (
     exceeded,
     job_of,
     record_paid,
+    record_usage,
     roll_up,
     tool_calls_left,
     tree_totals,
@@ -699,15 +700,7 @@ def _add_usage(
         seconds=round(now - model_began, 4),
         step_seconds=round(now - step_began, 4),
     )
-    outbox.record(
-        EventName.USAGE,
-        conv,
-        turn,
-        step,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        cost_usd=usage.cost_usd,
-    )
+    record_usage(outbox, conv, turn, step, usage)
     outbox.record(
         EventName.ASSISTANT_MESSAGE,
         conv,
