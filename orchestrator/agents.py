@@ -33,6 +33,8 @@ def Agent(
     tools: list[Tool | str] | tuple[Tool | str, ...] = (),
     *,
     subagents: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
+    handoffs: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
+    planning: bool = False,
     max_steps: int = _default("max_steps"),
     retry: RetryPolicy = _RETRY,
     rate_limits: list[RateLimit] | tuple[RateLimit, ...] = (),
@@ -56,6 +58,11 @@ def Agent(
         tools: tools (``@tool`` objects or registered names) the model may call.
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
+        handoffs: registered agents (specs or names) the model may hand the
+            conversation to; each is offered as the tool ``handoff__<name>``,
+            and the target takes over the turn until it answers.
+        planning: offer the ``manage_todo_list`` tool: the model keeps a todo
+            list with the conversation (``Client.plan``, ``plan.updated``).
         max_steps: model calls allowed in one turn before it fails (default 100).
         retry: backoff of model calls failing with a retryable error (the
             default rides out about five minutes of provider trouble).
@@ -80,6 +87,8 @@ def Agent(
             system=system,
             tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
             subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
+            handoffs=tuple(a.name if isinstance(a, AgentSpec) else a for a in handoffs),
+            planning=planning,
             max_steps=max_steps,
             retry=retry,
             rate_limits=tuple(rate_limits),

@@ -40,6 +40,7 @@ from schemas import (
     JobRequest,
     JobStatus,
     Message,
+    TodoItem,
     TurnStatus,
     Usage,
 )
@@ -195,6 +196,15 @@ class Client:
                 cost_usd=conv.cost_usd,
             )
 
+    def plan(self, conversation_id: str) -> list[TodoItem]:
+        """The conversation's plan, as its agent last wrote it with
+        ``manage_todo_list`` (``plan.updated``); empty before the first."""
+        with self.runtime.session() as session:
+            conv = session.get(Conversation, _known(conversation_id))
+            if conv is None:
+                raise ConversationNotFound(conversation_id)
+            return [TodoItem.model_validate(item) for item in conv.plan or []]
+
     def history(self, conversation_id: str) -> list[Message]:
         """Every stored message of the conversation, oldest first."""
         with self.runtime.session() as session:
@@ -224,7 +234,13 @@ class Job:
         """Cancel this job and its subagents (see :meth:`Client.cancel`)."""
         self._client.cancel(self.id)
 
+    def plan(self) -> list[TodoItem]:
+        """The plan of this job's conversation (see :meth:`Client.plan`)."""
+        return self._client.plan(self.conversation_id)
+
     def status(self) -> JobStatus:
+        """Where the job stands; ``agent`` is the agent holding its turn (the
+        last handoff's target, once its agent handed off)."""
         with self._client.runtime.session() as session:
             turn = session.get(Turn, self.id)
             assert turn is not None

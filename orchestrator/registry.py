@@ -64,10 +64,10 @@ def agent_names() -> list[str]:
 
 def check_agent(spec: AgentSpec) -> None:
     """Raise :class:`UnknownToolError` or :class:`UnknownAgentError` if the
-    spec names an unregistered tool or subagent."""
+    spec names an unregistered tool, subagent or handoff target."""
     for name in spec.tools:
         get_tool(name)
-    for name in spec.subagents:
+    for name in (*spec.subagents, *spec.handoffs):
         get_agent(name)
 
 

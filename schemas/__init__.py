@@ -14,6 +14,7 @@ from schemas.content import (
 )
 from schemas.events import TERMINAL_TURN_EVENTS, Event, EventName
 from schemas.jobs import ConversationState, JobRequest, JobStatus, TurnStatus
+from schemas.plans import TodoItem
 from schemas.specs import AgentSpec, Budget, RateLimit, RetryPolicy, ToolSpec
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "Role",
     "TextBlock",
     "ThinkingBlock",
+    "TodoItem",
     "ToolCallBlock",
     "ToolResultBlock",
     "ToolSpec",

@@ -31,6 +31,8 @@ class EventName(StrEnum):
     SUBAGENT_COMPLETED = "subagent.completed"
     SUBAGENT_FAILED = "subagent.failed"
     SUBAGENT_STOPPED = "subagent.stopped"
+    AGENT_HANDOFF = "agent.handoff"
+    PLAN_UPDATED = "plan.updated"
     MESSAGE_QUEUED = "message.queued"
     MESSAGE_DEQUEUED = "message.dequeued"
     QUEUE_CLEARED = "queue.cleared"

@@ -48,6 +48,7 @@ class JobStatus(Frozen):
     job_id: str
     conversation_id: str
     root_id: str
+    #: The agent holding the turn: the job's agent, or the target of its last handoff.
     agent: str
     status: TurnStatus
     step: int

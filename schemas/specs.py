@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from schemas.content import Frozen
 
@@ -17,6 +17,12 @@ DEFAULT_MAX_STEPS = 100
 
 #: A subagent template ``X`` is offered to the model as the tool ``subagent__X``.
 SUBAGENT_PREFIX = "subagent__"
+
+#: A handoff target ``X`` is offered to the model as the tool ``handoff__X``.
+HANDOFF_PREFIX = "handoff__"
+
+#: The tool of each field that names agents, by field.
+_AGENT_TOOL_PREFIXES = {"subagents": SUBAGENT_PREFIX, "handoffs": HANDOFF_PREFIX}
 
 
 class ToolSpec(Frozen):
@@ -91,6 +97,15 @@ class AgentSpec(Frozen):
     system: str = ""
     tools: tuple[str, ...] = ()
     subagents: tuple[str, ...] = ()
+    handoffs: tuple[str, ...] = Field(
+        default=(),
+        description="Registered agents this one may hand the conversation to "
+        "(each offered as the tool handoff__<agent>)",
+    )
+    planning: bool = Field(
+        default=False,
+        description="Offer the manage_todo_list tool (a plan kept with the conversation)",
+    )
     max_steps: int = Field(
         default=DEFAULT_MAX_STEPS, ge=1, le=1000, description="Model calls allowed in one turn"
     )
@@ -115,13 +130,14 @@ class AgentSpec(Frozen):
     checkpoint_strategy: str = Field(default="briefing", max_length=64)
     model_settings: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("subagents")
+    @field_validator("subagents", "handoffs")
     @classmethod
-    def _subagent_names_fit(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        long = [n for n in value if len(n) > 64 - len(SUBAGENT_PREFIX)]
+    def _agent_names_fit(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        room = 64 - len(_AGENT_TOOL_PREFIXES[str(info.field_name)])
+        long = [n for n in value if len(n) > room]
         if long:
             raise ValueError(
-                f"subagent names longer than {64 - len(SUBAGENT_PREFIX)} characters "
+                f"{info.field_name} names longer than {room} characters "
                 f"cannot be offered as tools: {long}"
             )
         return value

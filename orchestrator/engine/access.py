@@ -2,22 +2,30 @@
 
 The registry holds every tool and agent a worker imported; an agent may
 use only its ``tools``, a ``subagent__X`` tool for each of its
-``subagents``, and ``final_answer`` when it has an output schema. A call
+``subagents``, a ``handoff__X`` tool for each of its ``handoffs``,
+``final_answer`` when it has an output schema and ``manage_todo_list``
+when it plans. A call
 to anything else is answered with an error result and never runs.
 """
 
 from __future__ import annotations
 
+from orchestrator.engine.handoffs import is_handoff_call
 from orchestrator.engine.output import FINAL_ANSWER
+from orchestrator.engine.planning import PLAN_TOOL
 from orchestrator.engine.subagents import is_subagent_call
 from schemas import AgentSpec
-from schemas.specs import SUBAGENT_PREFIX
+from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
 
 
 def may_call(spec: AgentSpec, tool: str) -> bool:
     if is_subagent_call(tool):
         return tool.removeprefix(SUBAGENT_PREFIX) in spec.subagents
+    if is_handoff_call(tool):
+        return tool.removeprefix(HANDOFF_PREFIX) in spec.handoffs
     if tool == FINAL_ANSWER and spec.output_schema is not None:
+        return True
+    if tool == PLAN_TOOL and spec.planning:
         return True
     return tool in spec.tools
 

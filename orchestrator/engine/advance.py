@@ -8,6 +8,7 @@ from sqlmodel import col, select
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from
+from orchestrator.engine.handoffs import handoff_in, take_over, target_values
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow, Turn
 from schemas import ConversationState, ToolResultBlock
@@ -22,10 +23,11 @@ def advance(
     One read (the step's calls, none while a call of the segment is still
     out) and one compare-and-set of the cursor on its position, which also
     refuses once the job is being stopped: of two racing copies exactly one
-    moves it. The tool results message commits with the move.
+    moves it. The tool results message commits with the move, and so does
+    the step's handoff, if it made one (the next step runs the target).
     """
     pending = aliased(ToolCallRow)
-    with rt.session() as session:
+    with rt.transaction() as (session, outbox):
         # None while a part is still out (its own advance, or the sweeper,
         # comes later) or once the cursor has moved on: with N subagents,
         # N-1 of their advances find work out, and the late ones a moved
@@ -66,6 +68,7 @@ def advance(
                 return []
             nxt = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.segment == segment + 1)
             return [RunSegment(conversation_id, turn_id, step, segment + 1, nxt)]
+        handoff = handoff_in(calls)
         if not move_cursor_from(
             session,
             conversation_id,
@@ -73,8 +76,11 @@ def advance(
             _not_stopping(turn_id),
             cursor_step=step + 1,
             cursor_segment=-1,
+            **(target_values(handoff) if handoff else {}),
         ):
             return []
+        if handoff:
+            take_over(session, outbox, handoff)
         blocks = [
             ToolResultBlock(
                 tool_request_id=c.tool_request_id, tool=c.tool, result=c.result, is_error=c.is_error

@@ -31,6 +31,7 @@ from orchestrator.engine.budget import (
 from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
+from orchestrator.engine.handoffs import answer_handoff, handoff_tool, is_handoff_call
 from orchestrator.engine.history import model_prompt
 from orchestrator.engine.lease import heartbeat
 from orchestrator.engine.output import (
@@ -42,6 +43,7 @@ from orchestrator.engine.output import (
     problems,
     rejection,
 )
+from orchestrator.engine.planning import PLAN_TOOL, plan_tool, update_plan
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import DeltaBatcher, Outbox
@@ -477,21 +479,26 @@ def _model_failed(
 
 
 def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
-    """The agent's tools and one tool per subagent template, as the model sees them."""
+    """The agent's tools, one tool per subagent template and per handoff
+    target, and the built-in tools it asked for, as the model sees them."""
     tools = []
     for name in spec.tools:
         try:
             tools.append(tool_to_openai(registry.get_tool(name).spec))
         except UnknownToolError:
             log.warning("agent %s names tool %s that this worker lacks", spec.name, name)
-    for name in spec.subagents:
-        try:
-            tools.append(tool_to_openai(subagent_tool(name)))
-        except UnknownAgentError:
-            log.warning("agent %s names subagent %s that this worker lacks", spec.name, name)
-    final = final_answer_tool(spec)
-    if final is not None:
-        tools.append(tool_to_openai(final))
+    for kind, names, offer in (
+        ("subagent", spec.subagents, subagent_tool),
+        ("handoff target", spec.handoffs, handoff_tool),
+    ):
+        for name in names:
+            try:
+                tools.append(tool_to_openai(offer(name)))
+            except UnknownAgentError:
+                log.warning("agent %s names %s %s that this worker lacks", spec.name, kind, name)
+    for builtin in (plan_tool(spec), final_answer_tool(spec)):
+        if builtin is not None:
+            tools.append(tool_to_openai(builtin))
     return tools
 
 
@@ -502,7 +509,7 @@ def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]
     out: list[tuple[int, bool, str]] = []
     segment, prev_parallel = -1, False
     for call in reply.tool_calls:
-        parallel, queue = True, "tools"  # a call answered with an error result
+        parallel, queue = True, "tools"  # a call answered in the step (an error, a built-in)
         if may_call(spec, call.tool):
             try:
                 tool = (
@@ -731,12 +738,14 @@ def _record_calls(
     """Store the tool calls, segment by segment, and return segment 0 to run.
     A rejected final answer, a call to a tool the agent was not given, or a
     call past the job's tool-call budget (``left``), is stored with its
-    error result and not run."""
+    error result and not run; a plan or handoff call is answered here
+    (:func:`_answer_here`)."""
     if not move_cursor(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
         return None
     tasks: list[ToolTask] = []
+    handed: list[str] = []  # the batch's handoff target, once one is accepted
     for position, (call, (segment, parallel, queue)) in enumerate(
         zip(reply.tool_calls, _segments(spec, reply), strict=True)
     ):
@@ -757,11 +766,6 @@ def _record_calls(
             refused = rejection(errors)
         elif refused is None and left is not None and position >= left:
             refused = f"Error: not run: {NO_MORE_TOOLS}"
-        rejected = refused is not None
-        if rejected:
-            row.status, row.is_error, row.finished_at = "failed", True, utcnow()
-            row.result = refused
-        session.add(row)
         outbox.record(
             EventName.SUBAGENT_REQUESTED
             if is_subagent_call(call.tool)
@@ -774,9 +778,17 @@ def _record_calls(
             params=call.params,
             segment=segment,
         )
-        if rejected:
+        answer = (
+            (refused, True)
+            if refused is not None
+            else _answer_here(session, outbox, (conv, turn), spec, row, handed)
+        )
+        if answer is not None:
+            row.result, row.is_error = answer
+            row.status = "failed" if row.is_error else "completed"
+            row.finished_at = utcnow()
             outbox.record(
-                EventName.TOOL_FAILED,
+                EventName.TOOL_FAILED if row.is_error else EventName.TOOL_COMPLETED,
                 conv,
                 turn,
                 step,
@@ -786,7 +798,26 @@ def _record_calls(
             )
         elif segment == 0:
             tasks.append(ToolTask(row.id, call.tool, queue))
+        session.add(row)
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks))]
+
+
+def _answer_here(
+    session: Session,
+    outbox: Outbox,
+    where: tuple[Conversation, Turn],
+    spec: AgentSpec,
+    call: ToolCallRow,
+    handed: list[str],
+) -> tuple[Any, bool] | None:
+    """The result of a built-in call the step answers itself, in its own
+    transaction (a plan update, a handoff), or None for a call to run.
+    Only Chorus's own rows change, with the cursor's move: exactly once."""
+    if call.tool == PLAN_TOOL and spec.planning:
+        return update_plan(session, outbox, *where, call)
+    if is_handoff_call(call.tool):
+        return answer_handoff(call, handed)
+    return None
 
 
 def _nudge(

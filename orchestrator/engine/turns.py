@@ -35,8 +35,8 @@ class TurnRef:
 
 def resolve_agent(agent: str | AgentSpec) -> AgentSpec:
     """The registered agent of that name, or an inline spec, once everything
-    it names exists (tools, subagents, context transformers, checkpoint
-    strategy, in it and in its subagents) and its settings pass
+    it names exists (tools, subagents, handoff targets, context
+    transformers, checkpoint strategy, in it and in the agents it names) and its settings pass
     :func:`~orchestrator.specs.check_spec`: a spec that would fail every
     step is refused here, at submit."""
     spec = registry.get_agent(agent) if isinstance(agent, str) else agent
@@ -51,7 +51,7 @@ def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
     for name in spec.context:
         transformer(spec, name)
     strategy_of(spec)
-    for name in spec.subagents:
+    for name in (*spec.subagents, *spec.handoffs):
         if name not in seen:
             _check_tree(registry.get_agent(name), seen)
 

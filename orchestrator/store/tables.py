@@ -98,6 +98,8 @@ class Conversation(SQLModel, table=True):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    #: The agent's todo list (``manage_todo_list``), items as ``TodoItem`` dicts.
+    plan: list[dict[str, Any]] | None = _json()
     created_at: datetime = _time()
 
     __table_args__ = (Index("ix_chorus_conversation_running", "state", "progress_at"),)
