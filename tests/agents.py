@@ -744,3 +744,124 @@ def _fleet_batch(messages: list[dict[str, Any]]) -> Reply:
 
 register_script("fleet-batch", [_fleet_batch] * 200)
 Agent("fleet-batch", scripted_model("fleet-batch"), tools=[fleet_sleep])
+
+
+# --- planning and handoffs ---
+
+from orchestrator.llm.scripted import SeesTools  # noqa: E402
+
+
+def todos(*items: tuple[int, str, str]) -> dict[str, Any]:
+    """manage_todo_list arguments: (id, title, status) per item."""
+    return {"todos": [{"id": i, "title": t, "status": s} for i, t, s in items]}
+
+
+def _offered_plan_tool(messages: list[dict[str, Any]], tools: list[str]) -> Reply:
+    if "manage_todo_list" not in tools:
+        return Reply.say(f"manage_todo_list was not offered: {tools}")
+    return Reply.call(
+        call(
+            "manage_todo_list",
+            **todos((1, "Check the weather", "in-progress"), (2, "Book", "not-started")),
+        ),
+        call("add", a=1, b=2),
+    )
+
+
+register_script(
+    "keeps-plan",
+    [
+        SeesTools(_offered_plan_tool),
+        # two items in progress: refused, and the model is told why
+        Reply.call(
+            call(
+                "manage_todo_list",
+                **todos((1, "Check the weather", "in-progress"), (2, "Book", "in-progress")),
+            )
+        ),
+        Reply.call(
+            call(
+                "manage_todo_list",
+                **todos((1, "Check the weather", "completed"), (2, "Book", "in-progress")),
+            )
+        ),
+        echo_results,
+    ],
+)
+Agent("keeps-plan", scripted_model("keeps-plan"), tools=["add"], planning=True)
+# An agent without planning: the tool is neither offered nor run.
+register_script(
+    "plans-unasked",
+    [Reply.call(call("manage_todo_list", **todos((1, "x", "in-progress")))), echo_results],
+)
+Agent("plans-unasked", scripted_model("plans-unasked"), tools=["add"])
+
+
+@tool
+def ho_refund(order: str) -> str:
+    """Refund an order.
+
+    Args:
+        order: the order number.
+    """
+    return f"order {order} refunded"
+
+
+@tool
+def ho_lookup(order: str) -> dict[str, Any]:
+    """Look an order up.
+
+    Args:
+        order: the order number.
+    """
+    return {"order": order, "paid": 30}
+
+
+def _billing_acts(messages: list[dict[str, Any]], tools: list[str]) -> Reply:
+    """Billing's first reply after the switch: refund, if its own tools (and
+    only those: not triage's, not the handoff) are offered."""
+    if tools != ["ho_refund"]:
+        return Reply.say(f"offered {tools}, not billing's tools")
+    return Reply.call(call("ho_refund", order="42"))
+
+
+register_script(
+    "ho-triage",
+    [
+        # the lookup runs under triage; the handoff takes effect after the step
+        Reply.call(
+            call("ho_lookup", order="42"),
+            call("handoff__ho-billing", message="wants a refund of order 42"),
+        ),
+    ],
+)
+register_script(
+    "ho-billing",
+    [
+        Reply.say("billing here"),  # billing submitted on its own
+        SeesTools(_billing_acts),
+        lambda ms: Reply.say(f"billing: {tool_results(ms)[-1]}; tools {tool_names(ms)}"),
+        Reply.say("billing again: you are welcome"),  # the next turn stays with billing
+    ],
+)
+register_script(
+    "ho-rogue",
+    [
+        Reply.call(call("handoff__ho-sales", message="sell them something")),
+        echo_results,
+    ],
+)
+Agent("ho-sales", scripted_model("ho-billing"), system="You sell.")
+Agent("ho-billing", scripted_model("ho-billing"), "You handle refunds.", tools=[ho_refund])
+Agent("ho-triage", scripted_model("ho-triage"), tools=[ho_lookup], handoffs=["ho-billing"])
+Agent("ho-rogue", scripted_model("ho-rogue"), handoffs=["ho-billing"])
+
+
+def tool_names(messages: list[dict[str, Any]]) -> list[str]:
+    """The tools the model called in the conversation so far, in order."""
+    return [
+        c["function"]["name"]
+        for m in messages
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+    ]

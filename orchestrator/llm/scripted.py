@@ -22,6 +22,9 @@ pieces (id and name with the first half of the arguments, then the rest), so
 consumers exercise the same accumulation as with a real provider. Usage is a
 rough word count: prompt words in, reply words out, unless the reply sets it.
 
+A :class:`SeesTools` item is also given the names of the tools offered
+with the request, so a test can check what a model was given.
+
 Tool calls are emitted even when the tool is not in ``tools=`` and their
 arguments may be any raw string (``ScriptedToolCall(tool, "{not json")``):
 tests use both to simulate a misbehaving model.
@@ -108,8 +111,17 @@ def call(tool: str, /, **params: Any) -> ScriptedToolCall:
     return ScriptedToolCall(tool=tool, params=params)
 
 
-#: A script item: a fixed reply or a function of the received messages.
-ScriptItem: TypeAlias = Reply | Callable[[list[dict[str, Any]]], Reply]
+@dataclass(frozen=True)
+class SeesTools:
+    """A script item that is a function of the received messages and of the
+    names of the tools offered with them (to check what a model was given)."""
+
+    reply: Callable[[list[dict[str, Any]], list[str]], Reply]
+
+
+#: A script item: a fixed reply, a function of the received messages, or
+#: one that also sees the offered tools' names.
+ScriptItem: TypeAlias = Reply | Callable[[list[dict[str, Any]]], Reply] | SeesTools
 
 _scripts: dict[str, tuple[ScriptItem, ...]] = {}
 _lock = threading.Lock()
@@ -155,7 +167,7 @@ class ScriptError(CustomLLMError):
         super().__init__(status_code=400, message=message)
 
 
-def _select(model: str, messages: list[dict[str, Any]]) -> Reply:
+def _select(model: str, messages: list[dict[str, Any]], tools: list[str]) -> Reply:
     """Pick the reply for this conversation (index = assistant messages so far)."""
     with _lock:
         script = _scripts.get(model)
@@ -172,7 +184,7 @@ def _select(model: str, messages: list[dict[str, Any]]) -> Reply:
     if isinstance(item, Reply):
         return item
     try:
-        reply = item(messages)
+        reply = item.reply(messages, tools) if isinstance(item, SeesTools) else item(messages)
     except CustomLLMError:
         raise
     except Exception as exc:
@@ -225,8 +237,14 @@ class _Answer:
         )
 
 
-def _answer(model: str, messages: list[dict[str, Any]]) -> _Answer:
-    reply = _select(model, messages)
+def _offered(kwargs: dict[str, Any]) -> list[str]:
+    """The names of the tools litellm passed to the provider."""
+    tools = (kwargs.get("optional_params") or {}).get("tools") or []
+    return [t["function"]["name"] for t in tools if isinstance(t, dict) and "function" in t]
+
+
+def _answer(model: str, messages: list[dict[str, Any]], tools: list[str]) -> _Answer:
+    reply = _select(model, messages, tools)
     calls = [(c.id or f"call_{uuid.uuid4().hex}", c.tool, c.arguments()) for c in reply.tool_calls]
     produced = _words(reply.text) + sum(1 + _words(args) for _, _, args in calls)
     return _Answer(
@@ -303,11 +321,11 @@ class ScriptedLLM(CustomLLM):
     def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """Answer without streaming."""
         model, messages = kwargs["model"], kwargs["messages"]
-        return _response(model, _answer(model, messages))
+        return _response(model, _answer(model, messages, _offered(kwargs)))
 
     def streaming(self, *args: Any, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
         """Answer as a stream (errors raise here, before the first chunk)."""
-        return _stream(_answer(kwargs["model"], kwargs["messages"]))
+        return _stream(_answer(kwargs["model"], kwargs["messages"], _offered(kwargs)))
 
     async def acompletion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """Answer without streaming, async."""
@@ -317,7 +335,7 @@ class ScriptedLLM(CustomLLM):
         self, *args: Any, **kwargs: Any
     ) -> AsyncIterator[GenericStreamingChunk]:
         """Answer as an async stream; litellm iterates the returned iterator."""
-        return _astream(_answer(kwargs["model"], kwargs["messages"]))
+        return _astream(_answer(kwargs["model"], kwargs["messages"], _offered(kwargs)))
 
 
 async def _astream(answer: _Answer) -> AsyncIterator[GenericStreamingChunk]:

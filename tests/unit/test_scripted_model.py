@@ -13,6 +13,7 @@ from orchestrator.llm.call import INVALID_ARGUMENTS_KEY, complete, is_retryable,
 from orchestrator.llm.scripted import (
     Reply,
     ScriptedToolCall,
+    SeesTools,
     call,
     install,
     register_script,
@@ -233,3 +234,10 @@ def test_register_script_rejects_blank_names() -> None:
 
 def _user(text: str) -> Message:
     return Message(role=Role.USER, content=[TextBlock(text=text)])
+
+
+def test_a_reply_function_can_see_the_offered_tools(script: Any) -> None:
+    model = script(SeesTools(lambda messages, tools: Reply.say("offered: " + ",".join(tools))))
+
+    assert complete(model, USER, [SEARCH_TOOL], {}).text == "offered: search"
+    assert complete(model, USER, None, {}).text == "offered: "
