@@ -97,6 +97,46 @@ register_script(
     + [Reply.say("Lisbon, three nights.")] * 10,  # e.g. a checkpoint's briefing
 )
 
+
+def _todos(*statuses: str) -> dict[str, Any]:
+    titles = ("Check the weather", "Book")
+    return {
+        "todos": [
+            {"id": i, "title": t, "status": s}
+            for i, (t, s) in enumerate(zip(titles, statuses, strict=True), 1)
+        ]
+    }
+
+
+register_script(
+    "readme-todo-planner",
+    [
+        Reply.call(
+            call("manage_todo_list", **_todos("in-progress", "not-started")),
+            call("forecast", city="Lisbon"),
+        ),
+        Reply.call(
+            call("manage_todo_list", **_todos("completed", "in-progress")),
+            call("book", city="Lisbon"),
+        ),
+        Reply.call(call("manage_todo_list", **_todos("completed", "completed"))),
+        Reply.say("Lisbon, three nights, booked."),
+    ],
+)
+register_script(
+    "readme-help-desk",
+    [Reply.call(call("handoff__billing", message="a refund of order 42"))],
+)
+register_script(
+    "readme-billing",
+    [
+        Reply.say("Billing here."),
+        Reply.call(call("refund", order="42")),
+        lambda ms: Reply.say("Done: " + _tool_results(ms)[-1]),
+    ],
+)
+
+
 # The README's declarations, in order, as this module's body.
 exec(
     compile(

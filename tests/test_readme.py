@@ -128,7 +128,8 @@ def test_the_declarations_are_what_the_workers_load() -> None:
     # which the test workers import through tests.agents.
     from orchestrator import registry
 
-    for agent in ("planner", "demo", "web-researcher", "team-lead", "careful-planner"):
+    names = ("planner", "todo-planner", "help-desk", "billing", "demo", "web-researcher")
+    for agent in (*names, "team-lead", "careful-planner"):
         assert registry.get_agent(agent).name == agent
     assert registry.get_agent("planner").model == "scripted/readme-planner"
     assert registry.get_agent("careful-planner").context_tokens == 100_000
@@ -153,7 +154,23 @@ def test_the_python_client_blocks_run_against_the_fleet(
             ran.append(block.line)
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 4
+    assert len(ran) == 6
+    assert namespace["planned"].result() == "Lisbon, three nights, booked."
+    assert [(i.id, i.status) for i in namespace["planned"].plan()] == [
+        (1, "completed"),
+        (2, "completed"),
+    ]
+    assert len(namespace["updates"]) == 3
+    assert namespace["handed"].result() == "Done: order 42 refunded"
+    assert namespace["handed"].status().agent == "billing"
+    assert namespace["switch"] == [
+        {
+            "from_agent": "help-desk",
+            "to_agent": "billing",
+            "message": "a refund of order 42",
+            "tool_request_id": namespace["switch"][0]["tool_request_id"],
+        }
+    ]
     assert namespace["job"].status().structured == {"city": "Lisbon", "nights": 3}
     assert namespace["again"].result() == "Four nights in Lisbon, rebooked."
     namespace["client"].close()
