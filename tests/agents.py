@@ -763,9 +763,7 @@ CATALOG_CALLS_FILE = "catalog-calls.jsonl"
 CATALOGS = [json.loads((CATALOG_DIR / f).read_text()) for f in ("travel.json", "atlas.json")]
 CATALOG_CASE_DATA = json.loads((CATALOG_DIR / "cases.json").read_text())
 #: Declared definitions by qualified name, in declaration order.
-CATALOG_DEFINITIONS = {
-    f"{c['namespace']}.{f['name']}": f for c in CATALOGS for f in c["functions"]
-}
+CATALOG_DEFINITIONS = {f"{c['namespace']}.{f['name']}": f for c in CATALOGS for f in c["functions"]}
 
 
 def _recorder(qualified: str) -> Any:
