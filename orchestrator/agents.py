@@ -7,10 +7,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import registry
+from orchestrator.engine.output import FINAL_ANSWER
+from orchestrator.engine.planning import PLAN_TOOL
 from orchestrator.errors import invalid
 from orchestrator.specs import check_spec
+from orchestrator.toolnames import check_unique
 from orchestrator.tools import Tool
 from schemas import AgentSpec, Budget, RateLimit, RetryPolicy
+from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
 
 #: ``AgentSpec`` fields that ``Agent`` takes under another name (``output``
 #: also accepts a pydantic model, turned into the spec's JSON schema).
@@ -55,7 +59,9 @@ def Agent(
         name: the name jobs use (letters, digits, ``_`` and ``-``).
         model: a litellm model string, e.g. ``openai/gpt-4o`` or ``scripted/demo``.
         system: the system prompt.
-        tools: tools (``@tool`` objects or registered names) the model may call.
+        tools: tools (``@tool`` or :func:`~orchestrator.schema_tool` objects,
+            or registered qualified names) the model may call. Two whose
+            provider-legal aliases collide raise :class:`ConfigurationError`.
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
         handoffs: registered agents (specs or names) the model may hand the
@@ -103,5 +109,21 @@ def Agent(
     except ValidationError as exc:
         raise invalid(exc, f"agent {name!r}") from None
     check_spec(spec)
+    check_unique(offered_names(spec), f"agent {name!r}")
     registry.register_agent(spec)
     return spec
+
+
+def offered_names(spec: AgentSpec) -> list[str]:
+    """The names of every tool the agent's model is offered: its tools, one
+    ``subagent__X`` per subagent and ``handoff__X`` per handoff target, and
+    the built-in tools it asked for."""
+    final = [FINAL_ANSWER] if spec.output_schema is not None else []
+    plan = [PLAN_TOOL] if spec.planning else []
+    return [
+        *spec.tools,
+        *(f"{SUBAGENT_PREFIX}{a}" for a in spec.subagents),
+        *(f"{HANDOFF_PREFIX}{a}" for a in spec.handoffs),
+        *plan,
+        *final,
+    ]

@@ -8,8 +8,13 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from schemas.content import Frozen
 
-#: Provider tool-name rule shared by OpenAI, Anthropic and Gemini.
+#: Provider tool-name rule shared by OpenAI, Anthropic and Gemini (agent names follow it).
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
+#: A tool's registered (qualified) name: ``<namespace>.<name>`` or a bare
+#: name, printable without whitespace, up to 200 characters (the stored
+#: column). The model sees a provider-legal alias (``orchestrator.toolnames``).
+TOOL_NAME_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,200}$"
 
 #: Model calls allowed in one turn unless the agent says otherwise: real
 #: tool-heavy trajectories take dozens (an airline support turn took 27).
@@ -26,9 +31,10 @@ _AGENT_TOOL_PREFIXES = {"subagents": SUBAGENT_PREFIX, "handoffs": HANDOFF_PREFIX
 
 
 class ToolSpec(Frozen):
-    """A registered tool as the model and the engine see it."""
+    """A registered tool as the engine sees it; the model sees ``name``'s
+    provider-legal alias (``orchestrator.toolnames``)."""
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     parallelizable: bool = True

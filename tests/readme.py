@@ -137,6 +137,18 @@ register_script(
 )
 
 
+register_script(
+    "readme-travel-agent",
+    [
+        Reply.call(
+            call("airline__fare", origin="Lisbon", destination="JFK"),
+            call("airline__fare", origin="LIS", destination="JFK"),
+            call("atlas__list_all_airports", country="PT"),
+        ),
+        lambda ms: Reply.say(" | ".join(_tool_results(ms))),
+    ],
+)
+
 # The README's declarations, in order, as this module's body.
 exec(
     compile(

@@ -6,6 +6,7 @@ reason it is not, so the README cannot drift from the code unnoticed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -154,7 +155,7 @@ def test_the_python_client_blocks_run_against_the_fleet(
             ran.append(block.line)
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 6
+    assert len(ran) == 7
     assert namespace["planned"].result() == "Lisbon, three nights, booked."
     assert [(i.id, i.status) for i in namespace["planned"].plan()] == [
         (1, "completed"),
@@ -171,6 +172,15 @@ def test_the_python_client_blocks_run_against_the_fleet(
             "tool_request_id": namespace["switch"][0]["tool_request_id"],
         }
     ]
+    error, fare, airports = namespace["fare_job"].result().split(" | ")
+    assert error == (
+        "Error: invalid arguments for tool 'airline.fare': $.origin: 'Lisbon' is too long"
+    )
+    assert json.loads(fare) == {"route": "LIS-JFK", "cabin": "economy", "usd": 420}
+    assert json.loads(airports) == ["LIS", "OPO", "FAO"]
+    events = namespace["fare_job"].events(deltas=False)
+    requested = [e.data["tool"] for e in events if e.name == "tool.requested"]
+    assert requested == ["airline.fare", "airline.fare", "atlas.list_all_airports"]
     assert namespace["job"].status().structured == {"city": "Lisbon", "nights": 3}
     assert namespace["again"].result() == "Four nights in Lisbon, rebooked."
     namespace["client"].close()

@@ -22,8 +22,8 @@ pieces (id and name with the first half of the arguments, then the rest), so
 consumers exercise the same accumulation as with a real provider. Usage is a
 rough word count: prompt words in, reply words out, unless the reply sets it.
 
-A :class:`SeesTools` item is also given the names of the tools offered
-with the request, so a test can check what a model was given.
+A reply function can read the ``tools=`` of the call it answers with
+:func:`offered_tools` (as the provider received them).
 
 Tool calls are emitted even when the tool is not in ``tools=`` and their
 arguments may be any raw string (``ScriptedToolCall(tool, "{not json")``):
@@ -38,6 +38,7 @@ import re
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -111,20 +112,18 @@ def call(tool: str, /, **params: Any) -> ScriptedToolCall:
     return ScriptedToolCall(tool=tool, params=params)
 
 
-@dataclass(frozen=True)
-class SeesTools:
-    """A script item that is a function of the received messages and of the
-    names of the tools offered with them (to check what a model was given)."""
-
-    reply: Callable[[list[dict[str, Any]], list[str]], Reply]
-
-
-#: A script item: a fixed reply, a function of the received messages, or
-#: one that also sees the offered tools' names.
-ScriptItem: TypeAlias = Reply | Callable[[list[dict[str, Any]]], Reply] | SeesTools
+#: A script item: a fixed reply or a function of the received messages.
+ScriptItem: TypeAlias = Reply | Callable[[list[dict[str, Any]]], Reply]
 
 _scripts: dict[str, tuple[ScriptItem, ...]] = {}
 _lock = threading.Lock()
+_tools: ContextVar[tuple[dict[str, Any], ...]] = ContextVar("scripted_tools", default=())
+
+
+def offered_tools() -> list[dict[str, Any]]:
+    """The ``tools=`` of the model call a reply function is answering, as
+    the provider received them (empty outside a call, or without tools)."""
+    return list(_tools.get())
 
 
 def register_script(name: str, replies: Sequence[ScriptItem]) -> None:
@@ -167,7 +166,7 @@ class ScriptError(CustomLLMError):
         super().__init__(status_code=400, message=message)
 
 
-def _select(model: str, messages: list[dict[str, Any]], tools: list[str]) -> Reply:
+def _select(model: str, messages: list[dict[str, Any]]) -> Reply:
     """Pick the reply for this conversation (index = assistant messages so far)."""
     with _lock:
         script = _scripts.get(model)
@@ -184,7 +183,7 @@ def _select(model: str, messages: list[dict[str, Any]], tools: list[str]) -> Rep
     if isinstance(item, Reply):
         return item
     try:
-        reply = item.reply(messages, tools) if isinstance(item, SeesTools) else item(messages)
+        reply = item(messages)
     except CustomLLMError:
         raise
     except Exception as exc:
@@ -237,14 +236,14 @@ class _Answer:
         )
 
 
-def _offered(kwargs: dict[str, Any]) -> list[str]:
-    """The names of the tools litellm passed to the provider."""
-    tools = (kwargs.get("optional_params") or {}).get("tools") or []
-    return [t["function"]["name"] for t in tools if isinstance(t, dict) and "function" in t]
-
-
-def _answer(model: str, messages: list[dict[str, Any]], tools: list[str]) -> _Answer:
-    reply = _select(model, messages, tools)
+def _answer(
+    model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any] | None = None
+) -> _Answer:
+    token = _tools.set(tuple((optional_params or {}).get("tools") or ()))
+    try:
+        reply = _select(model, messages)
+    finally:
+        _tools.reset(token)
     calls = [(c.id or f"call_{uuid.uuid4().hex}", c.tool, c.arguments()) for c in reply.tool_calls]
     produced = _words(reply.text) + sum(1 + _words(args) for _, _, args in calls)
     return _Answer(
@@ -321,11 +320,11 @@ class ScriptedLLM(CustomLLM):
     def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """Answer without streaming."""
         model, messages = kwargs["model"], kwargs["messages"]
-        return _response(model, _answer(model, messages, _offered(kwargs)))
+        return _response(model, _answer(model, messages, kwargs.get("optional_params")))
 
     def streaming(self, *args: Any, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
         """Answer as a stream (errors raise here, before the first chunk)."""
-        return _stream(_answer(kwargs["model"], kwargs["messages"], _offered(kwargs)))
+        return _stream(_answer(kwargs["model"], kwargs["messages"], kwargs.get("optional_params")))
 
     async def acompletion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """Answer without streaming, async."""
@@ -335,7 +334,7 @@ class ScriptedLLM(CustomLLM):
         self, *args: Any, **kwargs: Any
     ) -> AsyncIterator[GenericStreamingChunk]:
         """Answer as an async stream; litellm iterates the returned iterator."""
-        return _astream(_answer(kwargs["model"], kwargs["messages"], _offered(kwargs)))
+        return _astream(_answer(kwargs["model"], kwargs["messages"], kwargs.get("optional_params")))
 
 
 async def _astream(answer: _Answer) -> AsyncIterator[GenericStreamingChunk]:

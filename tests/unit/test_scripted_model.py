@@ -13,9 +13,9 @@ from orchestrator.llm.call import INVALID_ARGUMENTS_KEY, complete, is_retryable,
 from orchestrator.llm.scripted import (
     Reply,
     ScriptedToolCall,
-    SeesTools,
     call,
     install,
+    offered_tools,
     register_script,
     scripted_model,
     unregister_script,
@@ -237,7 +237,11 @@ def _user(text: str) -> Message:
 
 
 def test_a_reply_function_can_see_the_offered_tools(script: Any) -> None:
-    model = script(SeesTools(lambda messages, tools: Reply.say("offered: " + ",".join(tools))))
+    model = script(
+        lambda messages: Reply.say(
+            "offered: " + ",".join(t["function"]["name"] for t in offered_tools())
+        )
+    )
 
     assert complete(model, USER, [SEARCH_TOOL], {}).text == "offered: search"
     assert complete(model, USER, None, {}).text == "offered: "
