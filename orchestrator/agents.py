@@ -42,6 +42,7 @@ def Agent(
     context: list[str] | tuple[str, ...] = _CONTEXT,
     context_tokens: int | None = None,
     checkpoint_strategy: str = _default("checkpoint_strategy"),
+    tool_output_limit: int = _default("tool_output_limit"),
     model_settings: dict[str, Any] | None = None,
 ) -> AgentSpec:
     """Declare an agent and register it, so jobs can name it.
@@ -70,6 +71,10 @@ def Agent(
             model sees, applied in order.
         context_tokens: take a checkpoint before a prompt would pass this many tokens.
         checkpoint_strategy: the registered checkpoint strategy (its prompt).
+        tool_output_limit: characters of a tool result the model sees whole
+            (default 30,000); a longer one is kept whole in the database and
+            the model sees its start and end with a handle it passes to the
+            built-in ``read_tool_output`` tool to read the rest.
         model_settings: extra litellm arguments (``temperature``, ``api_base``);
             never secrets, which litellm reads from the worker's environment.
     """
@@ -89,6 +94,7 @@ def Agent(
             context=tuple(context),
             context_tokens=context_tokens,
             checkpoint_strategy=checkpoint_strategy,
+            tool_output_limit=tool_output_limit,
             model_settings=model_settings or {},
         )
     except ValidationError as exc:

@@ -2,19 +2,23 @@
 
 The registry holds every tool and agent a worker imported; an agent may
 use only its ``tools``, a ``subagent__X`` tool for each of its
-``subagents``, and ``final_answer`` when it has an output schema. A call
+``subagents``, ``final_answer`` when it has an output schema, and
+``read_tool_output`` when it has tools (``orchestrator/engine/outputs.py``). A call
 to anything else is answered with an error result and never runs.
 """
 
 from __future__ import annotations
 
 from orchestrator.engine.output import FINAL_ANSWER
+from orchestrator.engine.outputs import READ_TOOL_OUTPUT
 from orchestrator.engine.subagents import is_subagent_call
 from schemas import AgentSpec
 from schemas.specs import SUBAGENT_PREFIX
 
 
 def may_call(spec: AgentSpec, tool: str) -> bool:
+    if tool == READ_TOOL_OUTPUT:
+        return bool(spec.tools)
     if is_subagent_call(tool):
         return tool.removeprefix(SUBAGENT_PREFIX) in spec.subagents
     if tool == FINAL_ANSWER and spec.output_schema is not None:

@@ -42,6 +42,7 @@ from orchestrator.engine.output import (
     problems,
     rejection,
 )
+from orchestrator.engine.outputs import read_output_tool
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import DeltaBatcher, Outbox
@@ -477,7 +478,8 @@ def _model_failed(
 
 
 def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
-    """The agent's tools and one tool per subagent template, as the model sees them."""
+    """The agent's tools, one tool per subagent template and the built-in
+    ``final_answer`` and ``read_tool_output`` it may need, as the model sees them."""
     tools = []
     for name in spec.tools:
         try:
@@ -489,9 +491,9 @@ def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
             tools.append(tool_to_openai(subagent_tool(name)))
         except UnknownAgentError:
             log.warning("agent %s names subagent %s that this worker lacks", spec.name, name)
-    final = final_answer_tool(spec)
-    if final is not None:
-        tools.append(tool_to_openai(final))
+    for builtin in (final_answer_tool(spec), read_output_tool(spec)):
+        if builtin is not None:
+            tools.append(tool_to_openai(builtin))
     return tools
 
 
