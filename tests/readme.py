@@ -97,6 +97,21 @@ register_script(
     + [Reply.say("Lisbon, three nights.")] * 10,  # e.g. a checkpoint's briefing
 )
 
+
+def _read_line_4000(messages: list[dict[str, Any]]) -> Reply:
+    handle = re.findall(r'handle="([0-9a-f]+)"', _tool_results(messages)[-1])[0]
+    return Reply.call(call("read_tool_output", handle=handle, offset=4000 * 14, length=14))
+
+
+register_script(
+    "readme-log-reader",
+    [
+        Reply.call(call("fetch_log", service="api")),
+        _read_line_4000,
+        lambda ms: Reply.say("It reads: " + _tool_results(ms)[-1].splitlines()[-1]),
+    ],
+)
+
 # The README's declarations, in order, as this module's body.
 exec(
     compile(

@@ -128,7 +128,14 @@ def test_the_declarations_are_what_the_workers_load() -> None:
     # which the test workers import through tests.agents.
     from orchestrator import registry
 
-    for agent in ("planner", "demo", "web-researcher", "team-lead", "careful-planner"):
+    for agent in (
+        "planner",
+        "demo",
+        "web-researcher",
+        "team-lead",
+        "careful-planner",
+        "log-reader",
+    ):
         assert registry.get_agent(agent).name == agent
     assert registry.get_agent("planner").model == "scripted/readme-planner"
     assert registry.get_agent("careful-planner").context_tokens == 100_000
@@ -153,7 +160,8 @@ def test_the_python_client_blocks_run_against_the_fleet(
             ran.append(block.line)
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 4
+    assert len(ran) == 5
+    assert namespace["whole"] == namespace["fetch_log"]("api")
     assert namespace["job"].status().structured == {"city": "Lisbon", "nights": 3}
     assert namespace["again"].result() == "Four nights in Lisbon, rebooked."
     namespace["client"].close()
