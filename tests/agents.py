@@ -781,3 +781,8 @@ def _big_reader(messages: list[dict[str, Any]]) -> Reply:
 
 register_script("big-reader", [_big_reader] * 40)
 Agent("big-reader", scripted_model("big-reader"), tools=[big_output], tool_output_limit=10_000)
+
+
+# --- multi-agent pipeline ---
+# The example's planner, implementer and critic (tests/integration/test_pipeline.py).
+__import__("examples.pipeline")
