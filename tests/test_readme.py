@@ -175,14 +175,19 @@ def _running_against_real_services(settings: Settings, tmp_path: Path) -> dict[s
 
 #: Bash blocks run whole, by their first line: the test that runs each.
 RUN_BASH = {
-    "export CHORUS_REDIS_URL=redis://127.0.0.1:6379/0": "test_running_against_real_services"
+    "export CHORUS_REDIS_URL=redis://127.0.0.1:6379/0": "test_running_against_real_services",
+    "chorus local --example pipeline": "test_the_pipeline_example_runs_on_the_embedded_default",
 }
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(420)  # three workers and beat start on a shared machine
 def test_running_against_real_services(settings: Settings, tmp_path: Path) -> None:
-    (block,) = [b for b in readme.blocks() if _first(b) in RUN_BASH]
+    (block,) = [
+        b
+        for b in readme.blocks()
+        if RUN_BASH.get(_first(b)) == "test_running_against_real_services"
+    ]
     script = _bash(block)
     # The README's service URLs become the test services' (the test
     # database, a Redis key prefix of its own so its workers take only its jobs)
@@ -209,6 +214,16 @@ def test_the_first_command_runs_the_demo(tmp_path: Path) -> None:
     out = _run_bash(part.replace(".venv/bin/chorus", "chorus"), env, timeout=170)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "completed job" in " ".join(out.stdout.split())
+
+
+def test_the_pipeline_example_runs_on_the_embedded_default(tmp_path: Path) -> None:
+    (block,) = [b for b in readme.blocks() if _first(b) == "chorus local --example pipeline"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
+    env.update(CHORUS_STATE_DIR=str(tmp_path), LITELLM_LOCAL_MODEL_COST_MAP="True")
+    out = _run_bash(_bash(block), env, timeout=170)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = " ".join(out.stdout.split())
+    assert "completed job" in text and "answer: Approved on iteration 2." in text
 
 
 def test_the_architecture_document_is_in_the_repository_and_complete() -> None:
