@@ -16,7 +16,10 @@ input, assistant messages with their tool calls, tool results), UTF-8.
 ``chorus_tool_call``, ``chorus_event`` and ``chorus_turn``, the sum of
 ``pg_column_size`` of every column (what the values take on disk, TOAST
 and its compression included; tuple headers and indexes left out), after
-the turn and its last writes are done. The bench prints both per table
+the turn and its last writes are done. Keep ``--kb`` under the agent's
+``tool_output_limit`` (30,000 characters): a longer result is archived on
+its call row while the model sees a view of it (docs/architecture.md,
+Decisions), so the raw bytes would no longer count the whole result. The bench prints both per table
 and the ratio stored / raw; runs ``--turns`` turns and prints each.
 
 Redis is ``CHORUS_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``) under

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator import registry
 from orchestrator.engine.output import FINAL_ANSWER
+from orchestrator.engine.outputs import READ_TOOL_OUTPUT
 from orchestrator.engine.planning import PLAN_TOOL
 from orchestrator.errors import invalid
 from orchestrator.specs import check_spec
@@ -48,6 +49,7 @@ def Agent(
     context: list[str] | tuple[str, ...] = _CONTEXT,
     context_tokens: int | None = None,
     checkpoint_strategy: str = _default("checkpoint_strategy"),
+    tool_output_limit: int = _default("tool_output_limit"),
     model_settings: dict[str, Any] | None = None,
 ) -> AgentSpec:
     """Declare an agent and register it, so jobs can name it.
@@ -83,6 +85,10 @@ def Agent(
             model sees, applied in order.
         context_tokens: take a checkpoint before a prompt would pass this many tokens.
         checkpoint_strategy: the registered checkpoint strategy (its prompt).
+        tool_output_limit: characters of a tool result the model sees whole
+            (default 30,000); a longer one is kept whole in the database and
+            the model sees its start and end with a handle it passes to the
+            built-in ``read_tool_output`` tool to read the rest.
         model_settings: extra litellm arguments (``temperature``, ``api_base``);
             never secrets, which litellm reads from the worker's environment.
     """
@@ -104,6 +110,7 @@ def Agent(
             context=tuple(context),
             context_tokens=context_tokens,
             checkpoint_strategy=checkpoint_strategy,
+            tool_output_limit=tool_output_limit,
             model_settings=model_settings or {},
         )
     except ValidationError as exc:
@@ -117,13 +124,15 @@ def Agent(
 def offered_names(spec: AgentSpec) -> list[str]:
     """The names of every tool the agent's model is offered: its tools, one
     ``subagent__X`` per subagent and ``handoff__X`` per handoff target, and
-    the built-in tools it asked for."""
+    the built-in tools it asked for or needs."""
     final = [FINAL_ANSWER] if spec.output_schema is not None else []
     plan = [PLAN_TOOL] if spec.planning else []
+    read = [READ_TOOL_OUTPUT] if spec.tools else []
     return [
         *spec.tools,
         *(f"{SUBAGENT_PREFIX}{a}" for a in spec.subagents),
         *(f"{HANDOFF_PREFIX}{a}" for a in spec.handoffs),
         *plan,
+        *read,
         *final,
     ]

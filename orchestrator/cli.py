@@ -35,6 +35,16 @@ USAGE_ERROR = 2
 EXAMPLE_MODULE = "examples.parallel_tools"
 EXAMPLE_AGENT = "trip-planner"
 EXAMPLE_INPUT = "Plan me three nights in Lisbon under 250 EUR for the flight, and book it."
+#: ``chorus local --example NAME``: (module, agent, input) of each bundled example.
+EXAMPLES = {
+    "trip": (EXAMPLE_MODULE, EXAMPLE_AGENT, EXAMPLE_INPUT),
+    "pipeline": (
+        "examples.pipeline",
+        "pipeline-planner",
+        "Write slugify(title) for blog post URLs.\n"
+        "- lowercase the title\n- join the words with hyphens\n",
+    ),
+}
 
 
 def _settings(**overrides: object) -> Settings:
@@ -329,22 +339,35 @@ def send(conversation: str, text: str) -> None:
 
 @app.command()
 def local(
-    agent: Annotated[str, typer.Argument(help="A registered agent.")] = EXAMPLE_AGENT,
-    text: Annotated[str, typer.Argument(help="The input.")] = EXAMPLE_INPUT,
+    agent: Annotated[
+        str | None, typer.Argument(help="A registered agent (default: the example's).")
+    ] = None,
+    text: Annotated[str | None, typer.Argument(help="The input (default: the example's).")] = None,
     module: Annotated[
         list[str] | None, typer.Option("--module", "-m", help="Module declaring agents/tools.")
     ] = None,
+    example: Annotated[
+        str, typer.Option("--example", "-e", help=f"Bundled example: {', '.join(EXAMPLES)}.")
+    ] = "trip",
 ) -> None:
     """Run one job on the embedded default: no Redis or Postgres needed.
 
     Starts the bundled redis-server, a SQLite file and one worker process a
-    core (their logs in STATE_DIR/workers.log), then runs the example
-    trip-planning agent (or AGENT) and follows it.
+    core (their logs in STATE_DIR/workers.log), then runs an example (the
+    trip-planning agent unless --example names another) or AGENT, and
+    follows it.
     """
+    from orchestrator.errors import InvalidRequestError
     from orchestrator.local import local_stack
 
+    if example not in EXAMPLES:
+        raise InvalidRequestError(
+            f"--example: no example {example!r}; there are {', '.join(EXAMPLES)}", ["example"]
+        )
+    example_module, example_agent, example_input = EXAMPLES[example]
+    agent, text = agent or example_agent, text or example_input
     settings = _settings()
-    modules = module or settings.modules or [EXAMPLE_MODULE]
+    modules = module or settings.modules or [example_module]
     settings = settings.model_copy(update={"modules": modules})
     with local_stack(settings) as running:
         console.print(f"redis: {running.redis_url} (embedded: {settings.embedded})", style="dim")

@@ -17,12 +17,14 @@ from orchestrator.engine import conversations, inbox
 from orchestrator.engine.actions import Checkpoint as CheckpointAction
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
+from orchestrator.engine.outputs import archived
 from orchestrator.engine.turns import TurnRef, start_turn
 from orchestrator.errors import (
     ConfigurationError,
     ConversationNotFound,
     InvalidRequestError,
     JobFailedError,
+    ToolOutputNotFound,
     invalid,
 )
 from orchestrator.events import committed_horizon, row_to_event, snapshot_bound, visible_below
@@ -211,6 +213,20 @@ class Client:
             if session.get(Conversation, _known(conversation_id)) is None:
                 raise ConversationNotFound(conversation_id)
             return load_history(session, conversation_id)
+
+    def tool_output(self, conversation_id: str, handle: str) -> Any:
+        """The whole result of a tool call whose output passed its agent's
+        ``tool_output_limit`` (the model saw a view of it), by the handle in
+        that view and in the call's ``tool.completed`` event; the call must
+        be in this conversation's tree (its root, or any subagent of it)."""
+        with self.runtime.session() as session:
+            conv = session.get(Conversation, _known(conversation_id))
+            if conv is None:
+                raise ConversationNotFound(conversation_id)
+            try:
+                return archived(session, conv.root_id, str(handle)[:64])
+            except LookupError:
+                raise ToolOutputNotFound(str(handle)[:100]) from None
 
     def close(self) -> None:
         if "streams" in self.__dict__:

@@ -9,6 +9,7 @@
     │   ├── InvalidRequestError   payload failed validation (names the field)
     │   │   └── SecretInSettingsError  a credential in an agent's model_settings
     │   ├── ConversationNotFound
+    │   ├── ToolOutputNotFound    no archived tool output by that handle
     │   ├── ConversationBusyError a turn is running on that conversation
     │   └── ConfigurationError    settings missing or contradictory
     └── AgentRunError             something failed while running
@@ -84,6 +85,12 @@ class ConversationNotFound(UserError):
     def __init__(self, conversation_id: str) -> None:
         self.conversation_id = conversation_id
         super().__init__(f"no conversation {conversation_id!r}")
+
+
+class ToolOutputNotFound(UserError):
+    def __init__(self, handle: str) -> None:
+        self.handle = handle
+        super().__init__(f"no archived tool output {handle!r} in this conversation's tree")
 
 
 class ConversationBusyError(UserError):

@@ -78,7 +78,10 @@ class Settings(BaseSettings):
         default="text", pattern="^(text|json)$", description="`text` or `json` lines."
     )
     max_tool_result_chars: int = Field(
-        default=100_000, description="Tool results longer than this are truncated."
+        default=10_000_000,
+        description="Largest tool result stored (characters of its JSON); a longer one is "
+        "cut. The model sees at most its agent's tool_output_limit of a result whole; a "
+        "longer one is kept on its call's row and read back with read_tool_output.",
     )
     rate_limit_allowance: float = Field(
         default=0.25,

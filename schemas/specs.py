@@ -20,6 +20,10 @@ TOOL_NAME_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,200}$"
 #: tool-heavy trajectories take dozens (an airline support turn took 27).
 DEFAULT_MAX_STEPS = 100
 
+#: Characters of a tool result the model sees whole unless the agent says
+#: otherwise (about 8K tokens); a longer one is archived and shown as a view.
+DEFAULT_TOOL_OUTPUT_LIMIT = 30_000
+
 #: A subagent template ``X`` is offered to the model as the tool ``subagent__X``.
 SUBAGENT_PREFIX = "subagent__"
 
@@ -134,6 +138,14 @@ class AgentSpec(Frozen):
         default=None, gt=0, description="Take a checkpoint before a prompt would pass this"
     )
     checkpoint_strategy: str = Field(default="briefing", max_length=64)
+    tool_output_limit: int = Field(
+        default=DEFAULT_TOOL_OUTPUT_LIMIT,
+        ge=1000,
+        le=1_000_000,
+        description="Characters of a tool result the model sees whole; a longer one is "
+        "kept whole in the database and the model sees its start and end, with a handle "
+        "for the read_tool_output tool",
+    )
     model_settings: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("subagents", "handoffs")

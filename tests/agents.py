@@ -827,7 +827,7 @@ def _billing_acts(messages: list[dict[str, Any]]) -> Reply:
     """Billing's first reply after the switch: refund, if its own tools (and
     only those: not triage's, not the handoff) are offered."""
     tools = offered_names()
-    if tools != ["ho_refund"]:
+    if tools != ["ho_refund", "read_tool_output"]:
         return Reply.say(f"offered {tools}, not billing's tools")
     return Reply.call(call("ho_refund", order="42"))
 
@@ -977,3 +977,45 @@ for _case, _turns in CATALOG_CASES.items():
         _name, [r for steps in _turns for r in [*map(_catalog_step, steps), _catalog_answer]]
     )
     Agent(_name, scripted_model(_name), tools=CATALOG_TOOLS, max_steps=40)
+
+
+# --- large tool outputs ---
+# ``big-reader``: its input is a JSON list of calls ({"tool", "params"}) the
+# model makes at once; then it answers with the JSON list of the tool
+# messages it was shown for them, so a test sees exactly what the model saw.
+
+
+def big_text(size: int) -> str:
+    """``size`` characters that say where they are: ``<0000000><0000001>…``."""
+    return "".join(f"<{i:07d}>" for i in range(size // 9 + 1))[:size]
+
+
+@tool
+def big_output(size: int, as_json: bool = False) -> Any:
+    """A long output: ``size`` characters of text, or JSON rows when ``as_json``.
+
+    Args:
+        size: characters of text (rows: size // 40).
+        as_json: return a list of objects instead of a string.
+    """
+    if as_json:
+        return [{"row": i, "name": f"item-{i}", "note": "déjà vu"} for i in range(size // 40)]
+    return big_text(size)
+
+
+def _big_reader(messages: list[dict[str, Any]]) -> Reply:
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    shown = [m["content"] for m in messages[last_user:] if m["role"] == "tool"]
+    if shown:
+        return Reply.say(json.dumps(shown))
+    calls = json.loads(str(messages[last_user]["content"]))
+    return Reply.call(*(call(c["tool"], **c["params"]) for c in calls))
+
+
+register_script("big-reader", [_big_reader] * 40)
+Agent("big-reader", scripted_model("big-reader"), tools=[big_output], tool_output_limit=10_000)
+
+
+# --- multi-agent pipeline ---
+# The example's planner, implementer and critic (tests/integration/test_pipeline.py).
+__import__("examples.pipeline")

@@ -149,6 +149,21 @@ register_script(
     ],
 )
 
+
+def _read_line_4000(messages: list[dict[str, Any]]) -> Reply:
+    handle = re.findall(r'handle="([0-9a-f]+)"', _tool_results(messages)[-1])[0]
+    return Reply.call(call("read_tool_output", handle=handle, offset=4000 * 14, length=14))
+
+
+register_script(
+    "readme-log-reader",
+    [
+        Reply.call(call("fetch_log", service="api")),
+        _read_line_4000,
+        lambda ms: Reply.say("It reads: " + _tool_results(ms)[-1].splitlines()[-1]),
+    ],
+)
+
 # The README's declarations, in order, as this module's body.
 exec(
     compile(

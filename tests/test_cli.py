@@ -66,6 +66,15 @@ def test_local_runs_the_example_on_the_embedded_default(tmp_path: Path) -> None:
     assert tools == 4
 
 
+def test_local_refuses_an_unknown_example(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
+    env.update(CHORUS_STATE_DIR=str(tmp_path))
+    out = run(["local", "--example", "nope"], env)
+    assert out.returncode == 2
+    assert "--example: no example 'nope'; there are trip, pipeline" in out.stderr
+    assert not (tmp_path / "chorus.db").exists()  # refused before anything started
+
+
 @pytest.mark.integration
 def test_submit_follow_status_and_events_against_the_fleet(
     settings: Settings, workers: Any

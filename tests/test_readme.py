@@ -130,7 +130,7 @@ def test_the_declarations_are_what_the_workers_load() -> None:
     from orchestrator import registry
 
     names = ("planner", "todo-planner", "help-desk", "billing", "demo", "web-researcher")
-    for agent in (*names, "team-lead", "careful-planner"):
+    for agent in (*names, "team-lead", "careful-planner", "log-reader"):
         assert registry.get_agent(agent).name == agent
     assert registry.get_agent("planner").model == "scripted/readme-planner"
     assert registry.get_agent("careful-planner").context_tokens == 100_000
@@ -155,7 +155,7 @@ def test_the_python_client_blocks_run_against_the_fleet(
             ran.append(block.line)
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 7
+    assert len(ran) == 8
     assert namespace["planned"].result() == "Lisbon, three nights, booked."
     assert [(i.id, i.status) for i in namespace["planned"].plan()] == [
         (1, "completed"),
@@ -181,6 +181,7 @@ def test_the_python_client_blocks_run_against_the_fleet(
     events = namespace["fare_job"].events(deltas=False)
     requested = [e.data["tool"] for e in events if e.name == "tool.requested"]
     assert requested == ["airline.fare", "airline.fare", "atlas.list_all_airports"]
+    assert namespace["whole"] == namespace["fetch_log"]("api")
     assert namespace["job"].status().structured == {"city": "Lisbon", "nights": 3}
     assert namespace["again"].result() == "Four nights in Lisbon, rebooked."
     namespace["client"].close()
@@ -194,14 +195,19 @@ def _running_against_real_services(settings: Settings, tmp_path: Path) -> dict[s
 
 #: Bash blocks run whole, by their first line: the test that runs each.
 RUN_BASH = {
-    "export CHORUS_REDIS_URL=redis://127.0.0.1:6379/0": "test_running_against_real_services"
+    "export CHORUS_REDIS_URL=redis://127.0.0.1:6379/0": "test_running_against_real_services",
+    "chorus local --example pipeline": "test_the_pipeline_example_runs_on_the_embedded_default",
 }
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(420)  # three workers and beat start on a shared machine
 def test_running_against_real_services(settings: Settings, tmp_path: Path) -> None:
-    (block,) = [b for b in readme.blocks() if _first(b) in RUN_BASH]
+    (block,) = [
+        b
+        for b in readme.blocks()
+        if RUN_BASH.get(_first(b)) == "test_running_against_real_services"
+    ]
     script = _bash(block)
     # The README's service URLs become the test services' (the test
     # database, a Redis key prefix of its own so its workers take only its jobs)
@@ -228,6 +234,16 @@ def test_the_first_command_runs_the_demo(tmp_path: Path) -> None:
     out = _run_bash(part.replace(".venv/bin/chorus", "chorus"), env, timeout=170)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "completed job" in " ".join(out.stdout.split())
+
+
+def test_the_pipeline_example_runs_on_the_embedded_default(tmp_path: Path) -> None:
+    (block,) = [b for b in readme.blocks() if _first(b) == "chorus local --example pipeline"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
+    env.update(CHORUS_STATE_DIR=str(tmp_path), LITELLM_LOCAL_MODEL_COST_MAP="True")
+    out = _run_bash(_bash(block), env, timeout=170)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = " ".join(out.stdout.split())
+    assert "completed job" in text and "answer: Approved on iteration 2." in text
 
 
 def test_the_architecture_document_is_in_the_repository_and_complete() -> None:

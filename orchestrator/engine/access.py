@@ -3,8 +3,9 @@
 The registry holds every tool and agent a worker imported; an agent may
 use only its ``tools``, a ``subagent__X`` tool for each of its
 ``subagents``, a ``handoff__X`` tool for each of its ``handoffs``,
-``final_answer`` when it has an output schema and ``manage_todo_list``
-when it plans. A call
+``final_answer`` when it has an output schema, ``manage_todo_list``
+when it plans and ``read_tool_output`` when it has tools
+(``orchestrator/engine/outputs.py``). A call
 to anything else is answered with an error result and never runs.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from orchestrator.engine.handoffs import is_handoff_call
 from orchestrator.engine.output import FINAL_ANSWER
+from orchestrator.engine.outputs import READ_TOOL_OUTPUT
 from orchestrator.engine.planning import PLAN_TOOL
 from orchestrator.engine.subagents import is_subagent_call
 from schemas import AgentSpec
@@ -19,6 +21,8 @@ from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
 
 
 def may_call(spec: AgentSpec, tool: str) -> bool:
+    if tool == READ_TOOL_OUTPUT:
+        return bool(spec.tools)
     if is_subagent_call(tool):
         return tool.removeprefix(SUBAGENT_PREFIX) in spec.subagents
     if is_handoff_call(tool):

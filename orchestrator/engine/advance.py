@@ -9,6 +9,7 @@ from sqlmodel import col, select
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from
 from orchestrator.engine.handoffs import handoff_in, take_over, target_values
+from orchestrator.engine.outputs import view
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow, Turn
 from schemas import ConversationState, ToolResultBlock
@@ -83,7 +84,12 @@ def advance(
             take_over(session, outbox, handoff)
         blocks = [
             ToolResultBlock(
-                tool_request_id=c.tool_request_id, tool=c.tool, result=c.result, is_error=c.is_error
+                tool_request_id=c.tool_request_id,
+                tool=c.tool,
+                result=c.result
+                if c.view_chars is None
+                else view(c.id, c.tool, c.result, c.view_chars),
+                is_error=c.is_error,
             ).model_dump(mode="json")
             for c in calls
         ]
@@ -97,10 +103,15 @@ def advance(
                 content=blocks,
             )
         )
-        # The message is now the results' one copy (docs/architecture.md, Storage).
+        # The message is now the results' one copy (docs/architecture.md,
+        # Storage), but for an archived result: its row keeps it whole.
         session.execute(
             update(ToolCallRow)
-            .where(col(ToolCallRow.turn_id) == turn_id, col(ToolCallRow.step) == step)
+            .where(
+                col(ToolCallRow.turn_id) == turn_id,
+                col(ToolCallRow.step) == step,
+                col(ToolCallRow.view_chars).is_(None),
+            )
             .values(result=null())
         )
     return [RunStep(conversation_id, turn_id, step + 1)]

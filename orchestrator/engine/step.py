@@ -44,6 +44,7 @@ from orchestrator.engine.output import (
     problems,
     rejection,
 )
+from orchestrator.engine.outputs import read_output_tool
 from orchestrator.engine.planning import PLAN_TOOL, plan_tool, update_plan
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
@@ -502,7 +503,7 @@ def _offered_specs(spec: AgentSpec) -> list[ToolSpec]:
                 specs.append(offer(name))
             except UnknownAgentError:
                 log.warning("agent %s names %s %s that this worker lacks", spec.name, kind, name)
-    for builtin in (plan_tool(spec), final_answer_tool(spec)):
+    for builtin in (plan_tool(spec), final_answer_tool(spec), read_output_tool(spec)):
         if builtin is not None:
             specs.append(builtin)
     return specs

@@ -15,6 +15,7 @@ from orchestrator import registry
 from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
 from orchestrator.engine.cancel import cancel_watch, stopping
+from orchestrator.engine.outputs import READ_TOOL_OUTPUT, archives, read_output
 from orchestrator.engine.subagents import is_subagent_call, start_child
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
@@ -81,7 +82,8 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
         return _start_subagent(rt, call_id, task_id)
     call, turn, conv = claimed
     _bind(call, turn, conv)
-    refused = refusal(AgentSpec.model_validate(conv.agent_spec), call.tool)
+    spec = AgentSpec.model_validate(conv.agent_spec)
+    refused = refusal(spec, call.tool)
     if refused is not None:  # never run a tool the agent was not given
         with rt.transaction() as (session, outbox):
             _store_result(session, outbox, call, turn, conv, refused, True)
@@ -104,21 +106,29 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
         context_data=dict(turn.context_data),
     )
     try:
-        result, is_error = _execute(call, ctx, cancel_watch(rt, turn.correlation_id, STOP_POLL))
+        if call.tool == READ_TOOL_OUTPUT:
+            result, is_error = _read(rt, conv, call, spec.tool_output_limit)
+        else:
+            should_stop = cancel_watch(rt, turn.correlation_id, STOP_POLL)
+            result, is_error = _execute(call, ctx, should_stop)
     except ToolStopped:
         log.info("tool %s stopped: its job is being stopped", call.tool)
         return []
     log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
     result = _cap(storable(result), rt.settings.max_tool_result_chars)
+    limit = spec.tool_output_limit
+    view_chars = limit if archives(call.tool, result, limit) else None
 
     with rt.autocommit() as session:
         postgres = returns_joined_rows(session)
         if postgres:  # the result and its events: one statement, one round trip
-            _record_completion(started, call, turn, conv, result, is_error)
-            stored = started.flush_if(session, _result_update(call.id, result, is_error))
+            _record_completion(started, call, turn, conv, result, is_error, view_chars)
+            stored = started.flush_if(
+                session, _result_update(call.id, result, is_error, view_chars)
+            )
     if not postgres:
         with rt.transaction(started) as (session, outbox):
-            if not _store_result(session, outbox, call, turn, conv, result, is_error):
+            if not _store_result(session, outbox, call, turn, conv, result, is_error, view_chars):
                 outbox.discard()  # another copy finished it: no tool.started either
     elif stored:
         rt.publish(started)
@@ -229,23 +239,38 @@ def _claim_in(session: Session, call_id: str, task_id: str | None) -> ToolCallRo
     ).scalar_one_or_none()
 
 
-def _result_update(call_id: str, result: Any, is_error: bool) -> Update:
-    """The call's one result: changes no row if a result is already there."""
+def _read(rt: Runtime, conv: Conversation, call: ToolCallRow, limit: int) -> tuple[str, bool]:
+    """A ``read_tool_output`` call: (its slice, or its error, and is_error)."""
+    try:
+        with rt.session() as session:
+            return read_output(session, conv.root_id, call.params, limit), False
+    except ValueError as exc:
+        return f"Error: {exc}", True
+
+
+def _result_update(
+    call_id: str, result: Any, is_error: bool, view_chars: int | None = None
+) -> Update:
+    """The call's one result: changes no row if a result is already there.
+    ``view_chars``: set when the result is archived (the model sees a view)."""
     return (
         update(ToolCallRow)
         .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(CALL_FINISHED))
         .values(
             status="failed" if is_error else "completed",
             result=result,
+            view_chars=view_chars,
             is_error=is_error,
             finished_at=utcnow(),
         )
     )
 
 
-def _record_result(session: Session, call: ToolCallRow, result: Any, is_error: bool) -> bool:
+def _record_result(
+    session: Session, call: ToolCallRow, result: Any, is_error: bool, view_chars: int | None = None
+) -> bool:
     """Write the call's one result; False if a result was already there."""
-    written = session.execute(_result_update(call.id, result, is_error))
+    written = session.execute(_result_update(call.id, result, is_error, view_chars))
     return bool(written.rowcount == 1)  # type: ignore[attr-defined]
 
 
@@ -257,12 +282,13 @@ def _store_result(
     conv: Conversation,
     result: Any,
     is_error: bool,
+    view_chars: int | None = None,
 ) -> bool:
     """Record the call's result and its event, unless it already has one
     (then False)."""
-    if not _record_result(session, call, result, is_error):
+    if not _record_result(session, call, result, is_error, view_chars):
         return False
-    _record_completion(outbox, call, turn, conv, result, is_error)
+    _record_completion(outbox, call, turn, conv, result, is_error, view_chars)
     return True
 
 
@@ -273,7 +299,11 @@ def _record_completion(
     conv: Conversation,
     result: Any,
     is_error: bool,
+    view_chars: int | None = None,
 ) -> None:
+    """The call's ``tool.completed|failed``; an archived result's names its
+    ``handle`` (for :meth:`orchestrator.Client.tool_output`)."""
+    archived = {} if view_chars is None else {"handle": call.id}
     outbox.record(
         EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
         conv,
@@ -282,6 +312,7 @@ def _record_completion(
         tool_request_id=call.tool_request_id,
         result=result,
         step=call.step,
+        **archived,
     )
 
 

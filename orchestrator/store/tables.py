@@ -186,6 +186,10 @@ class ToolCallRow(SQLModel, table=True):
     queue: str = Field(default="tools", max_length=64)
     status: str = Field(default="pending", max_length=16)
     result: Any = _json()
+    #: Set when the result passed the agent's ``tool_output_limit``: the
+    #: row keeps it whole (advance clears every other result) and the model
+    #: saw a view of this many characters (``orchestrator/engine/outputs.py``).
+    view_chars: int | None = None
     is_error: bool = False
     attempts: int = 0
     task_id: str | None = Field(default=None, max_length=64)
