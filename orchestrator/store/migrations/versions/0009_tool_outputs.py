@@ -1,7 +1,7 @@
 """large tool outputs: a call's result over its agent's limit is kept on its row
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0008
 Create Date: 2026-11-23
 """
 
