@@ -75,7 +75,9 @@ def test_the_model_is_offered_each_schema_exactly_as_declared(replayed: dict[str
     declared = list(CATALOG_DEFINITIONS.values())
     for case, (_, _, outputs) in replayed.items():
         for output in outputs:
-            offered = json.loads(output)
+            # the catalog's tools, then the built-in read_tool_output
+            *offered, builtin = json.loads(output)
+            assert builtin["function"]["name"] == "read_tool_output"
             assert [t["type"] for t in offered] == ["function"] * len(declared), case
             functions = [t["function"] for t in offered]
             assert [
