@@ -34,6 +34,7 @@ def Agent(
     *,
     subagents: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
     max_steps: int = _default("max_steps"),
+    max_parallel_tools: int | None = None,
     retry: RetryPolicy = _RETRY,
     rate_limits: list[RateLimit] | tuple[RateLimit, ...] = (),
     budget: Budget | None = None,
@@ -57,6 +58,9 @@ def Agent(
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
         max_steps: model calls allowed in one turn before it fails (default 100).
+        max_parallel_tools: at most this many tool calls of one step run at
+            once (a longer run of parallel calls is split into segments of
+            this size, run one after the other); None runs them all at once.
         retry: backoff of model calls failing with a retryable error (the
             default rides out about five minutes of provider trouble).
         rate_limits: limits on model calls shared by every worker.
@@ -81,6 +85,7 @@ def Agent(
             tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
             subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
             max_steps=max_steps,
+            max_parallel_tools=max_parallel_tools,
             retry=retry,
             rate_limits=tuple(rate_limits),
             budget=budget,

@@ -171,7 +171,7 @@ def _defer(
     the step to send with that countdown."""
     assert conv.turn_id is not None
     _release_lease(session, conv.id, owner, due_at=utcnow() + timedelta(seconds=countdown))
-    return RunStep(conv.id, conv.turn_id, conv.cursor_step, countdown=countdown)
+    return RunStep(conv.id, conv.turn_id, conv.cursor_step, conv.priority, countdown=countdown)
 
 
 def run_step(
@@ -497,10 +497,12 @@ def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
 
 def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]:
     """(segment, parallelizable, queue) per call: a maximal run of
-    parallelizable calls shares a segment; each other call is its own. Only
-    the agent's own tools are looked up: any other call is refused."""
+    parallelizable calls shares a segment, cut every ``max_parallel_tools``
+    calls when the agent sets it; each other call is its own. Only the
+    agent's own tools are looked up: any other call is refused."""
     out: list[tuple[int, bool, str]] = []
-    segment, prev_parallel = -1, False
+    segment, prev_parallel, size = -1, False, 0
+    cap = spec.max_parallel_tools
     for call in reply.tool_calls:
         parallel, queue = True, "tools"  # a call answered with an error result
         if may_call(spec, call.tool):
@@ -513,9 +515,9 @@ def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]
                 parallel, queue = tool.parallelizable, tool.queue
             except (UnknownToolError, UnknownAgentError):
                 pass
-        if not (parallel and prev_parallel):
-            segment += 1
-        prev_parallel = parallel
+        if not (parallel and prev_parallel) or (cap is not None and size >= cap):
+            segment, size = segment + 1, 0
+        prev_parallel, size = parallel, size + 1
         out.append((segment, parallel, queue))
     return out
 
@@ -786,7 +788,7 @@ def _record_calls(
             )
         elif segment == 0:
             tasks.append(ToolTask(row.id, call.tool, queue))
-    return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks))]
+    return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
 
 def _nudge(
@@ -813,7 +815,7 @@ def _nudge(
             content=[TextBlock(text=NUDGE).model_dump()],
         )
     )
-    return [RunStep(conv.id, turn_id, step + 1)]
+    return [RunStep(conv.id, turn_id, step + 1, conv.priority)]
 
 
 def _end(
