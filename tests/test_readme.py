@@ -21,7 +21,7 @@ import redis
 
 from orchestrator import Settings
 from tests import readme
-from tests.conftest import ROOT, worker_env
+from tests.conftest import ROOT, tool_calls, worker_env
 
 #: Blocks not run, by their first line, with the reason.
 NOT_RUN = {
@@ -128,7 +128,7 @@ def test_the_declarations_are_what_the_workers_load() -> None:
     # which the test workers import through tests.agents.
     from orchestrator import registry
 
-    for agent in ("planner", "demo", "web-researcher", "team-lead", "careful-planner"):
+    for agent in ("planner", "demo", "web-researcher", "team-lead", "careful-planner", "crawler"):
         assert registry.get_agent(agent).name == agent
     assert registry.get_agent("planner").model == "scripted/readme-planner"
     assert registry.get_agent("careful-planner").context_tokens == 100_000
@@ -146,17 +146,26 @@ def test_the_python_client_blocks_run_against_the_fleet(
     namespace["__name__"] = "readme_client"
 
     # When every client block runs, in README order, in one namespace
-    ran = []
+    ran, clients = [], []
     for block in readme.blocks():
         if block.lang == "python" and block.is_client:
             exec(compile(block.body, f"README.md:{block.line}", "exec"), namespace)
             ran.append(block.line)
+            if namespace.get("client") not in clients:
+                clients.append(namespace["client"])
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 4
+    assert len(ran) == 5
     assert namespace["job"].status().structured == {"city": "Lisbon", "nights": 3}
     assert namespace["again"].result() == "Four nights in Lisbon, rebooked."
-    namespace["client"].close()
+    # the crawler's 12 calls ran 4 at a time, every job answered
+    report = namespace["report"]
+    assert report.result() == "12 pages checked, all up."
+    calls = tool_calls(clients[0], report.id)
+    assert [c.segment for c in calls] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [j.result() for j in namespace["nightly"]] == [report.result()] * 3
+    for client in clients:
+        client.close()
 
 
 def _running_against_real_services(settings: Settings, tmp_path: Path) -> dict[str, str]:
