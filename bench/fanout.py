@@ -95,6 +95,7 @@ from bench._harness import (  # noqa: E402
     wait_ready,
     worker_process,
 )
+from orchestrator.celery_conf import queue_lists  # noqa: E402
 
 TASKS_MODULE = "bench.fanout_tasks"
 QUEUES = ("llm", "control", "tools")
@@ -278,7 +279,8 @@ class Queues:
         """Tasks waiting in a queue plus tasks delivered but not acked."""
         pipe = self.client.pipeline(transaction=False)
         for queue in QUEUES:
-            pipe.llen(f"{self.prefix}:{queue}")
+            for name in queue_lists(queue):
+                pipe.llen(f"{self.prefix}:{name}")
         pipe.hlen(f"{self.prefix}:unacked")
         return sum(pipe.execute())
 

@@ -41,6 +41,7 @@ def Agent(
     handoffs: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
     planning: bool = False,
     max_steps: int = _default("max_steps"),
+    max_parallel_tools: int | None = None,
     retry: RetryPolicy = _RETRY,
     rate_limits: list[RateLimit] | tuple[RateLimit, ...] = (),
     budget: Budget | None = None,
@@ -72,6 +73,9 @@ def Agent(
         planning: offer the ``manage_todo_list`` tool: the model keeps a todo
             list with the conversation (``Client.plan``, ``plan.updated``).
         max_steps: model calls allowed in one turn before it fails (default 100).
+        max_parallel_tools: at most this many tool calls of one step run at
+            once (a longer run of parallel calls is split into segments of
+            this size, run one after the other); None runs them all at once.
         retry: backoff of model calls failing with a retryable error (the
             default rides out about five minutes of provider trouble).
         rate_limits: limits on model calls shared by every worker.
@@ -102,6 +106,7 @@ def Agent(
             handoffs=tuple(a.name if isinstance(a, AgentSpec) else a for a in handoffs),
             planning=planning,
             max_steps=max_steps,
+            max_parallel_tools=max_parallel_tools,
             retry=retry,
             rate_limits=tuple(rate_limits),
             budget=budget,

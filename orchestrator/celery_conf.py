@@ -1,7 +1,8 @@
 """Celery configuration shared by workers and producers (clients).
 
 JSON only; acks late; a task whose worker dies is rejected back to the
-queue; prefetch 1; every Redis key under the Chorus prefix.
+queue; prefetch 1; every Redis key under the Chorus prefix; ten priority
+lists per queue.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from kombu.transport.redis import Channel
 
 from orchestrator.errors import ConfigurationError
 from orchestrator.settings import Settings
+from schemas.jobs import MAX_PRIORITY
 
 #: Queue of each Chorus task (a tool call may name its own queue instead).
 QUEUES = {
@@ -23,6 +26,23 @@ QUEUES = {
     "chorus.deadline": "control",
     "chorus.checkpoint": "llm",
 }
+
+#: Kombu's Redis transport keeps one list per priority step of a queue and
+#: pops the lowest step first; one step per job priority (0-9) keeps them
+#: apart. Step 0 is the queue's own list (a message sent without priority).
+PRIORITY_STEPS = tuple(range(MAX_PRIORITY + 1))
+
+
+def broker_priority(priority: int) -> int:
+    """Kombu's Redis priority of a job priority: kombu takes step 0 first,
+    a job's priority 9 is its highest."""
+    return MAX_PRIORITY - priority
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists (without the key prefix) holding ``queue``'s waiting
+    messages, highest priority first."""
+    return [f"{queue}{Channel.sep}{step}" if step else queue for step in PRIORITY_STEPS]
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -52,6 +72,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "global_keyprefix": prefix,
             "unacked_restore_interval": 10,
             "unacked_restore_throttle": 1,
+            "priority_steps": list(PRIORITY_STEPS),
         },
         "result_backend_transport_options": {"global_keyprefix": prefix},
         "result_expires": 24 * 3600,

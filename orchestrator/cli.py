@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from orchestrator.errors import UserError
+from schemas.jobs import DEFAULT_PRIORITY
 
 if TYPE_CHECKING:
     from orchestrator.client import Client, Job
@@ -282,6 +283,9 @@ def submit(
     context_data: Annotated[
         str | None, typer.Option("--context-data", help="The job's context_data, a JSON object.")
     ] = None,
+    priority: Annotated[
+        int, typer.Option("--priority", help="0 to 9, higher first (default 5).")
+    ] = DEFAULT_PRIORITY,
 ) -> None:
     """Submit a job to the fleet; with --follow, stream its events and answer
     (exit status 1 when the job does not complete)."""
@@ -293,6 +297,7 @@ def submit(
         conversation_id=conversation,
         idempotency_key=idempotency_key,
         context_data=data,
+        priority=priority,
     )
     console.print(f"job {job.id} conversation {job.conversation_id}")
     if follow:

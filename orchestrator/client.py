@@ -46,6 +46,7 @@ from schemas import (
     TurnStatus,
     Usage,
 )
+from schemas.jobs import DEFAULT_PRIORITY
 
 
 def _known(conversation_id: str) -> str:
@@ -90,12 +91,17 @@ class Client:
         context_data: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         budget: Budget | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> Job:
         """Start a turn: run ``agent`` on ``input``.
 
         Continues ``conversation_id`` with its whole history when given. A
         second submit with the same ``idempotency_key`` returns the first
-        job. Raises :class:`~orchestrator.errors.UnknownAgentError`,
+        job. ``priority`` (0 to 9, default 5; higher first) goes with every
+        task of the job and its subagents: workers take waiting tasks of a
+        higher priority first, so an interactive job overtakes a backlog of
+        batch jobs (one already running is not interrupted). Raises
+        :class:`~orchestrator.errors.UnknownAgentError`,
         :class:`~orchestrator.errors.UnknownToolError` or
         :class:`~orchestrator.errors.InvalidRequestError` at once.
         """
@@ -107,6 +113,7 @@ class Client:
                 context_data=context_data or {},
                 idempotency_key=idempotency_key,
                 budget=budget,
+                priority=priority,
             )
         except ValidationError as exc:
             raise invalid(exc, "job request") from None
@@ -172,7 +179,7 @@ class Client:
         with self.runtime.session() as session:
             if session.get(Conversation, _known(conversation_id)) is None:
                 raise ConversationNotFound(conversation_id)
-        dispatch(self.celery, [CheckpointAction(conversation_id)])
+        dispatch(self.celery, [CheckpointAction(conversation_id, DEFAULT_PRIORITY)])
 
     def fork(self, conversation_id: str) -> str:
         """A new conversation with a copy of this one's messages; returns its id."""

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from celery import Celery, Signature, chain, chord, group
 
+from orchestrator.celery_conf import broker_priority
 from orchestrator.engine.actions import (
     Action,
     Checkpoint,
@@ -35,6 +36,9 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
     Each task's id names the cursor position it serves (a tool task's id
     is its call's id), so every copy of one position has the same id and
     the sweeper can see whether one is still waiting in the broker.
+
+    Every task of a job is sent with the job's priority (each action
+    carries it), so a worker takes a higher-priority job's work first.
     """
     for action in actions:
         if isinstance(action, RunStep):
@@ -43,6 +47,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 args=(action.conversation_id, action.turn_id, action.step),
                 queue="llm",
                 ignore_result=True,
+                priority=broker_priority(action.priority),
                 task_id=step_task_id(action.conversation_id, action.turn_id, action.step),
                 argsrepr=f"conv={_short(action.conversation_id)} turn={_short(action.turn_id)} "
                 f"step={action.step}",
@@ -57,6 +62,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 args=(action.conversation_id,),
                 queue="llm",
                 ignore_result=True,
+                priority=broker_priority(action.priority),
                 argsrepr=f"conv={_short(action.conversation_id)}",
             ).apply_async(countdown=action.countdown or None)
         elif isinstance(action, Revoke):
@@ -68,6 +74,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 args=(action.job_id,),
                 queue="control",
                 ignore_result=True,
+                priority=broker_priority(action.priority),
                 argsrepr=f"job={_short(action.job_id)}",
             ).apply_async(countdown=action.countdown)
         elif isinstance(action, Dequeue):
@@ -87,6 +94,7 @@ def _advance(app: Celery, seg: RunSegment | RunAdvance) -> Signature:
         queue="control",
         immutable=True,
         ignore_result=True,
+        priority=broker_priority(seg.priority),
         task_id=advance_task_id(seg.conversation_id, seg.turn_id, seg.step, seg.segment),
         argsrepr=f"conv={_short(seg.conversation_id)} step={seg.step} segment={seg.segment}",
     )
@@ -101,6 +109,7 @@ def _send_segment(app: Celery, seg: RunSegment) -> None:
             args=(call.call_id,),
             queue=call.queue,
             immutable=True,
+            priority=broker_priority(seg.priority),
             # The call's id is the task's id, so cancelling a turn can revoke
             # tool tasks still waiting in a queue.
             task_id=call.call_id,

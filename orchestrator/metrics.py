@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from sqlmodel import col, select
 
 from orchestrator import registry
+from orchestrator.celery_conf import PRIORITY_STEPS, queue_lists
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import EventRow
 
@@ -125,8 +126,11 @@ class ChorusCollector(Collector):
         try:
             pipe = self.rt.redis.pipeline(transaction=False)
             for queue in queues:
-                pipe.llen(f"{prefix}:{queue}")
-            return list(zip(queues, pipe.execute(), strict=True))
+                for name in queue_lists(queue):
+                    pipe.llen(f"{prefix}:{name}")
+            sizes = pipe.execute()
+            steps = len(PRIORITY_STEPS)
+            return [(q, sum(sizes[i * steps : (i + 1) * steps])) for i, q in enumerate(queues)]
         except redis.RedisError:
             return []
 

@@ -13,6 +13,11 @@ from schemas.specs import AgentSpec, Budget
 #: Largest accepted ``context_data``, in bytes of JSON.
 MAX_CONTEXT_BYTES = 256_000
 
+#: A job's priority: 0 (lowest) to 9 (highest); a higher one is taken from
+#: the queues first. Every task of the job's tree carries it.
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+DEFAULT_PRIORITY = 5
+
 
 class TurnStatus(StrEnum):
     RUNNING = "running"
@@ -40,6 +45,7 @@ class JobRequest(Frozen):
     context_data: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     budget: Budget | None = None
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
 
 
 class JobStatus(Frozen):

@@ -119,6 +119,13 @@ class AgentSpec(Frozen):
     max_steps: int = Field(
         default=DEFAULT_MAX_STEPS, ge=1, le=1000, description="Model calls allowed in one turn"
     )
+    max_parallel_tools: int | None = Field(
+        default=None,
+        ge=1,
+        strict=True,
+        description="Parallel tool calls of one step run at most this many at a time "
+        "(None: all at once)",
+    )
     retry: RetryPolicy = RetryPolicy()
     rate_limits: tuple[RateLimit, ...] = ()
     budget: Budget | None = Field(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import litellm
@@ -881,7 +883,6 @@ def tool_names(messages: list[dict[str, Any]]) -> list[str]:
 # tests/catalogs/cases.json. Every call appends one JSON line to
 # CATALOG_CALLS_FILE in the worker's CHORUS_STATE_DIR.
 
-from pathlib import Path  # noqa: E402
 
 from orchestrator import tool_catalog  # noqa: E402
 
@@ -1019,3 +1020,78 @@ Agent("big-reader", scripted_model("big-reader"), tools=[big_output], tool_outpu
 # --- multi-agent pipeline ---
 # The example's planner, implementer and critic (tests/integration/test_pipeline.py).
 __import__("examples.pipeline")
+
+
+# --- parallelism caps and priorities ---
+
+_lanes_lock = threading.Lock()
+_lanes_running = 0
+
+
+@tool(queue="lanes")
+def lane(label: str, seconds: float = 0.8) -> dict[str, Any]:
+    """Wait, and report how many lane calls of this process ran at once.
+
+    Args:
+        label: a name for this call.
+        seconds: how long to wait.
+    """
+    global _lanes_running
+    with _lanes_lock:
+        _lanes_running += 1
+        running = _lanes_running
+    try:
+        return {**_slept(label, seconds), "running": running}
+    finally:
+        with _lanes_lock:
+            _lanes_running -= 1
+
+
+LANES = 12
+register_script(
+    "lanes",
+    [Reply.call(*(call("lane", label=f"l{i}") for i in range(LANES))), echo_results],
+)
+Agent("capped-lanes", scripted_model("lanes"), tools=[lane], max_parallel_tools=4)
+Agent("open-lanes", scripted_model("lanes"), tools=[lane])
+
+
+def gate_path(state_dir: str | Path, name: str) -> Path:
+    """A file in the fleet's state directory the test and the workers both see."""
+    return Path(state_dir) / f"gate-{name}"
+
+
+def _gated(messages: list[dict[str, Any]]) -> Reply:
+    """The input "GATE LABEL": mark GATE started, wait until the test opens
+    it (its file exists), then answer LABEL."""
+    gate, label = str(messages[-1]["content"]).split()
+    state_dir = os.environ["CHORUS_STATE_DIR"]
+    gate_path(state_dir, f"{gate}-started").touch()
+    deadline = time.monotonic() + 60
+    while not gate_path(state_dir, gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return Reply.say(f"done {label}")
+
+
+register_script("gated", [_gated])
+Agent("gated", scripted_model("gated"))
+
+
+#: Set in a worker's environment: each task it runs is recorded with the
+#: broker priority it was delivered with, in the list ``<prefix>:priorities``.
+RECORD_PRIORITIES = "CHORUS_TEST_RECORD_PRIORITIES"
+
+if os.environ.get(RECORD_PRIORITIES):
+    from celery.signals import task_prerun
+
+    @task_prerun.connect(weak=False)
+    def _record_priority(task_id: str, task: Any, **_: Any) -> None:
+        import redis
+
+        priority = (task.request.delivery_info or {}).get("priority")
+        store = redis.Redis.from_url(os.environ["CHORUS_REDIS_URL"])
+        store.rpush(
+            f"{os.environ['CHORUS_REDIS_PREFIX']}:priorities",
+            json.dumps({"task": task.name, "id": task_id, "priority": priority}),
+        )
+        store.close()

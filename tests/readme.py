@@ -89,6 +89,13 @@ register_script(
     ],
 )
 register_script(
+    "readme-crawler",
+    [
+        Reply.call(*(call("fetch_page", url=f"https://example.com/{i}") for i in range(12))),
+        lambda ms: Reply.say(f"{len(_tool_results(ms))} pages checked, all up."),
+    ],
+)
+register_script(
     "readme-careful-planner",
     [
         Reply.call(call("forecast", city="Lisbon")),

@@ -22,7 +22,7 @@ import redis
 
 from orchestrator import Settings
 from tests import readme
-from tests.conftest import ROOT, worker_env
+from tests.conftest import ROOT, tool_calls, worker_env
 
 #: Blocks not run, by their first line, with the reason.
 NOT_RUN = {
@@ -130,7 +130,7 @@ def test_the_declarations_are_what_the_workers_load() -> None:
     from orchestrator import registry
 
     names = ("planner", "todo-planner", "help-desk", "billing", "demo", "web-researcher")
-    for agent in (*names, "team-lead", "careful-planner", "log-reader"):
+    for agent in (*names, "team-lead", "careful-planner", "log-reader", "crawler"):
         assert registry.get_agent(agent).name == agent
     assert registry.get_agent("planner").model == "scripted/readme-planner"
     assert registry.get_agent("careful-planner").context_tokens == 100_000
@@ -148,14 +148,16 @@ def test_the_python_client_blocks_run_against_the_fleet(
     namespace["__name__"] = "readme_client"
 
     # When every client block runs, in README order, in one namespace
-    ran = []
+    ran, clients = [], []
     for block in readme.blocks():
         if block.lang == "python" and block.is_client:
             exec(compile(block.body, f"README.md:{block.line}", "exec"), namespace)
             ran.append(block.line)
+            if namespace.get("client") not in clients:
+                clients.append(namespace["client"])
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 8
+    assert len(ran) == 9
     assert namespace["planned"].result() == "Lisbon, three nights, booked."
     assert [(i.id, i.status) for i in namespace["planned"].plan()] == [
         (1, "completed"),
@@ -184,7 +186,14 @@ def test_the_python_client_blocks_run_against_the_fleet(
     assert namespace["whole"] == namespace["fetch_log"]("api")
     assert namespace["job"].status().structured == {"city": "Lisbon", "nights": 3}
     assert namespace["again"].result() == "Four nights in Lisbon, rebooked."
-    namespace["client"].close()
+    # the crawler's 12 calls ran 4 at a time, every job answered
+    report = namespace["report"]
+    assert report.result() == "12 pages checked, all up."
+    calls = tool_calls(clients[0], report.id)
+    assert [c.segment for c in calls] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [j.result() for j in namespace["nightly"]] == [report.result()] * 3
+    for client in clients:
+        client.close()
 
 
 def _running_against_real_services(settings: Settings, tmp_path: Path) -> dict[str, str]:

@@ -12,6 +12,7 @@ class RunStep:
     conversation_id: str
     turn_id: str
     step: int
+    priority: int  # the job's (schemas.jobs: 0-9, higher first), as every action's
     countdown: float = 0.0  # seconds to wait first (a retry's backoff)
 
 
@@ -35,6 +36,7 @@ class RunSegment:
     step: int
     segment: int
     calls: tuple[ToolTask, ...]
+    priority: int
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class RunAdvance:
     turn_id: str
     step: int
     segment: int
+    priority: int
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Checkpoint:
     """Summarize a conversation in the background (task ``chorus.checkpoint``)."""
 
     conversation_id: str
+    priority: int
     countdown: float = 0.0  # seconds to wait first (over a rate limit)
 
 
@@ -78,6 +82,7 @@ class Deadline:
 
     job_id: str
     countdown: float
+    priority: int
 
 
 Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint | Deadline

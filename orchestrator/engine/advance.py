@@ -32,19 +32,19 @@ def advance(
         # None while a part is still out (its own advance, or the sweeper,
         # comes later) or once the cursor has moved on: with N subagents,
         # N-1 of their advances find work out, and the late ones a moved
-        # cursor, and read no call.
-        calls = session.exec(
-            select(ToolCallRow)
+        # cursor, and read no call. Each row comes with the priority the
+        # next tasks are sent with.
+        rows = session.exec(
+            select(ToolCallRow, Conversation.priority)
+            .join(Conversation, col(Conversation.id) == col(ToolCallRow.conversation_id))
             .where(
                 col(ToolCallRow.turn_id) == turn_id,
                 col(ToolCallRow.step) == step,
-                exists().where(
-                    col(Conversation.id) == conversation_id,
-                    col(Conversation.state) == ConversationState.RUNNING.value,
-                    col(Conversation.turn_id) == turn_id,
-                    col(Conversation.cursor_step) == step,
-                    col(Conversation.cursor_segment) == segment,
-                ),
+                col(Conversation.id) == conversation_id,
+                col(Conversation.state) == ConversationState.RUNNING.value,
+                col(Conversation.turn_id) == turn_id,
+                col(Conversation.cursor_step) == step,
+                col(Conversation.cursor_segment) == segment,
                 ~exists().where(
                     col(pending.turn_id) == turn_id,
                     col(pending.step) == step,
@@ -54,8 +54,10 @@ def advance(
             )
             .order_by(col(ToolCallRow.position))
         ).all()
-        if not calls:
+        if not rows:
             return []
+        calls = [call for call, _ in rows]
+        priority = rows[0][1]
         position = (turn_id, step, segment)
         last = max(c.segment for c in calls)
         if segment < last:
@@ -68,7 +70,7 @@ def advance(
             ):
                 return []
             nxt = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.segment == segment + 1)
-            return [RunSegment(conversation_id, turn_id, step, segment + 1, nxt)]
+            return [RunSegment(conversation_id, turn_id, step, segment + 1, nxt, priority)]
         handoff = handoff_in(calls)
         if not move_cursor_from(
             session,
@@ -114,7 +116,7 @@ def advance(
             )
             .values(result=null())
         )
-    return [RunStep(conversation_id, turn_id, step + 1)]
+    return [RunStep(conversation_id, turn_id, step + 1, priority)]
 
 
 def _not_stopping(turn_id: str) -> ColumnElement[bool]:

@@ -1,7 +1,8 @@
 """What the Redis broker holds: the sweeper's view of queued and delivered tasks.
 
 Kombu's Redis transport keeps each queue as a list of JSON messages
-(``<prefix><queue>``, one more list per priority step) and every message
+(``<prefix><queue>``, one more list per priority step:
+:func:`orchestrator.celery_conf.queue_lists`) and every message
 delivered but not yet acknowledged in the ``<prefix>unacked`` hash, with
 its delivery time in the ``<prefix>unacked_index`` sorted set. The prefix
 is the ``global_keyprefix`` of :func:`orchestrator.celery_conf.celery_config`.
@@ -20,8 +21,9 @@ from functools import cache
 from typing import Any
 
 import redis
-from kombu.transport.redis import PRIORITY_STEPS, Channel
+from kombu.transport.redis import Channel
 
+from orchestrator.celery_conf import queue_lists
 from orchestrator.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -126,8 +128,8 @@ class BrokerView:
         if self.client is None or queue in self._scanned:
             return
         self._scanned.add(queue)
-        for step in PRIORITY_STEPS:
-            key = self._key(f"{queue}{Channel.sep}{step}" if step else queue)
+        for name in queue_lists(queue):
+            key = self._key(name)
             start = 0
             while True:
                 chunk: list[str] = self.client.lrange(key, start, start + _CHUNK - 1)  # type: ignore[assignment]

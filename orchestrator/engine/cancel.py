@@ -108,13 +108,14 @@ def deadline(rt: Runtime, job_id: str) -> list[Action]:
     if its wall-time budget is spent; look again later if it is not yet."""
     with rt.session() as session:
         job = session.get(Turn, job_id)
-    if job is None or job.status != TurnStatus.RUNNING.value:
+        conv = session.get(Conversation, job.conversation_id) if job is not None else None
+    if job is None or conv is None or job.status != TurnStatus.RUNNING.value:
         return []
     left = wall_time_left(job)
     if left is None:
         return []
     if left > 0:
-        return [Deadline(job_id, min(left, rt.settings.visibility_timeout / 2))]
+        return [Deadline(job_id, min(left, rt.settings.visibility_timeout / 2), conv.priority)]
     reason = exceeded(job) or "wall time budget exceeded"
     revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, reason, budget=True)
     return [*actions, Revoke(tuple(revoke))]

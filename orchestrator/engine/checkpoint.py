@@ -35,6 +35,7 @@ from schemas import (
     ToolResultBlock,
     Usage,
 )
+from schemas.jobs import DEFAULT_PRIORITY
 
 Strategy = Callable[[AgentSpec, str | None, list[Message]], list[dict[str, str]]]
 _strategies: dict[str, Strategy] = {}
@@ -240,5 +241,5 @@ def run_checkpoint(rt: Runtime, conversation_id: str) -> list[Action]:
     try:
         take_checkpoint(rt, conversation_id)
     except RateLimited as limited:
-        return [Checkpoint(conversation_id, countdown=limited.wait)]
+        return [Checkpoint(conversation_id, DEFAULT_PRIORITY, countdown=limited.wait)]
     return []

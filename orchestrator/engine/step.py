@@ -177,7 +177,7 @@ def _defer(
     the step to send with that countdown."""
     assert conv.turn_id is not None
     _release_lease(session, conv.id, owner, due_at=utcnow() + timedelta(seconds=countdown))
-    return RunStep(conv.id, conv.turn_id, conv.cursor_step, countdown=countdown)
+    return RunStep(conv.id, conv.turn_id, conv.cursor_step, conv.priority, countdown=countdown)
 
 
 def run_step(
@@ -532,10 +532,12 @@ def _qualified(reply: ModelReply, names: dict[str, str]) -> ModelReply:
 
 def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]:
     """(segment, parallelizable, queue) per call: a maximal run of
-    parallelizable calls shares a segment; each other call is its own. Only
-    the agent's own tools are looked up: any other call is refused."""
+    parallelizable calls shares a segment, cut every ``max_parallel_tools``
+    calls when the agent sets it; each other call is its own. Only the
+    agent's own tools are looked up: any other call is refused."""
     out: list[tuple[int, bool, str]] = []
-    segment, prev_parallel = -1, False
+    segment, prev_parallel, size = -1, False, 0
+    cap = spec.max_parallel_tools
     for call in reply.tool_calls:
         parallel, queue = True, "tools"  # a call answered in the step (an error, a built-in)
         if may_call(spec, call.tool):
@@ -548,9 +550,9 @@ def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]
                 parallel, queue = tool.parallelizable, tool.queue
             except (UnknownToolError, UnknownAgentError):
                 pass
-        if not (parallel and prev_parallel):
-            segment += 1
-        prev_parallel = parallel
+        if not (parallel and prev_parallel) or (cap is not None and size >= cap):
+            segment, size = segment + 1, 0
+        prev_parallel, size = parallel, size + 1
         out.append((segment, parallel, queue))
     return out
 
@@ -827,7 +829,7 @@ def _record_calls(
         elif segment == 0:
             tasks.append(ToolTask(row.id, call.tool, queue))
         session.add(row)
-    return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks))]
+    return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
 
 def _answer_here(
@@ -872,7 +874,7 @@ def _nudge(
             content=[TextBlock(text=NUDGE).model_dump()],
         )
     )
-    return [RunStep(conv.id, turn_id, step + 1)]
+    return [RunStep(conv.id, turn_id, step + 1, conv.priority)]
 
 
 def _end(

@@ -138,6 +138,7 @@ def start_child(
         agent_spec=child_spec.model_dump(mode="json"),
         state=ConversationState.RUNNING.value,
         turns=1,
+        priority=conv.priority,
     )
     child_turn = Turn(
         conversation_id=child.id,
@@ -176,7 +177,7 @@ def start_child(
         fork=fork,
     )
     outbox.record(EventName.TURN_STARTED, child, child_turn, 0, agent=child_spec.name, input=task)
-    return [RunStep(child.id, child_turn.id, 0)]
+    return [RunStep(child.id, child_turn.id, 0, child.priority)]
 
 
 _ENDINGS = {
@@ -220,4 +221,4 @@ def answer_parent(
         child_conversation_id=child_turn.conversation_id,
         result=answer,
     )
-    return [RunAdvance(parent.id, parent_turn.id, call.step, call.segment)]
+    return [RunAdvance(parent.id, parent_turn.id, call.step, call.segment, parent.priority)]

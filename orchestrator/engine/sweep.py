@@ -79,7 +79,9 @@ def _segment_action(session: Session, conv: Conversation, stall: float) -> Actio
     finished = [c.finished_at for c in calls if c.finished_at is not None]
     if not tasks and finished and max(finished) + timedelta(seconds=stall) > now:
         return None  # the last call just ended: its worker is sending the advance
-    return RunSegment(conv.id, conv.turn_id, conv.cursor_step, conv.cursor_segment, tasks)
+    return RunSegment(
+        conv.id, conv.turn_id, conv.cursor_step, conv.cursor_segment, tasks, conv.priority
+    )
 
 
 def _position_action(session: Session, conv: Conversation, stall: float) -> Action | None:
@@ -89,7 +91,7 @@ def _position_action(session: Session, conv: Conversation, stall: float) -> Acti
         return _segment_action(session, conv, stall)
     if conv.lease_until is not None and conv.lease_until > utcnow():
         return None  # a live step holds the model-call lease
-    return RunStep(conv.id, conv.turn_id, conv.cursor_step)
+    return RunStep(conv.id, conv.turn_id, conv.cursor_step, conv.priority)
 
 
 def _in_flight(broker: BrokerView, action: Action, stall: float) -> bool:

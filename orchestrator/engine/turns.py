@@ -142,6 +142,7 @@ def start_turn(
                 turns=conv.turns + 1,
                 agent=spec.name,
                 agent_spec=spec.model_dump(mode="json"),
+                priority=request.priority,
             ):
                 raise ConversationBusyError(conv.id)
             outbox.record(
@@ -162,12 +163,12 @@ def start_turn(
             raise
         return found, []
     ref = TurnRef(turn.id, conv.id, conv.root_id)
-    actions: list[Action] = [RunStep(conv.id, turn.id, 0)]
+    actions: list[Action] = [RunStep(conv.id, turn.id, 0, request.priority)]
     if budget is not None and budget.wall_seconds is not None:
         # A task held for longer than the visibility timeout is delivered
         # again; a deadline further away is looked at once on the way.
         wait = min(budget.wall_seconds, rt.settings.visibility_timeout / 2)
-        actions.append(Deadline(turn.id, wait))
+        actions.append(Deadline(turn.id, wait, request.priority))
     return ref, actions
 
 

@@ -19,6 +19,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
+from schemas.jobs import DEFAULT_PRIORITY
+
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 
 
@@ -90,6 +92,9 @@ class Conversation(SQLModel, table=True):
     #: How often the sweeper re-sent the current cursor position; every
     #: cursor move resets it. Past a bound the turn fails.
     redispatches: int = 0
+    #: The priority of the job whose turn this conversation runs (0-9,
+    #: higher first): every task serving the cursor is sent with it.
+    priority: int = DEFAULT_PRIORITY
     depth: int = 0
     children: int = 0
     #: ``main``, ``subagent`` or ``checkpoint`` (a summarizer's ephemeral child).

@@ -52,6 +52,7 @@ def test_model_text_is_printed_verbatim_and_unwrapped(settings: Settings, worker
         (["submit", "no-such-agent", "hi"], "unknown agent 'no-such-agent'"),
         (["submit", "quick", "hi", "--context-data", "{not json"], "--context-data is not JSON"),
         (["submit", "quick", "hi", "--context-data", "[1, 2]"], "must be a JSON object"),
+        (["submit", "quick", "hi", "--priority", "10"], "priority: Input should be less than"),
         (["status", "0" * 32], f"no job '{'0' * 32}'"),
         (["events", "0" * 32], f"no job '{'0' * 32}'"),
         (["send", "0" * 32, "hi"], f"no conversation '{'0' * 32}'"),

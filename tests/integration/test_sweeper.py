@@ -23,6 +23,7 @@ from sqlalchemy import func
 from sqlmodel import select
 
 from orchestrator import Client, Settings, engine
+from orchestrator.celery_conf import queue_lists
 from orchestrator.dispatch import dispatch
 from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment, RunStep
 from orchestrator.engine.step import new_lease_owner
@@ -94,6 +95,11 @@ def running(*workers: WorkerProcess, client: Client) -> Iterator[None]:
     finally:
         for w in workers:
             w.stop()
+
+
+def _lists(client: Client, queue: str) -> list[str]:
+    """The Redis keys of ``queue``'s messages, one list per priority."""
+    return [f"{client.settings.redis_prefix}:{name}" for name in queue_lists(queue)]
 
 
 def _unacked_task_ids(client: Client) -> set[str]:
@@ -171,10 +177,10 @@ def test_tool_calls_waiting_in_a_busy_tools_queue_are_not_re_dispatched(
 
 def test_a_position_lost_every_time_fails_its_turn(private: Private) -> None:
     # Given no worker on this prefix, so every step task sent is lost (purged)
-    settings, client = private(stall_timeout=1.0, max_redispatches=3)
-    llm_queue = f"{settings.redis_prefix}:llm"
+    _settings, client = private(stall_timeout=1.0, max_redispatches=3)
+    llm_queue = _lists(client, "llm")
     job = client.submit("quick", "never answered")
-    client.runtime.redis.delete(llm_queue)
+    client.runtime.redis.delete(*llm_queue)
 
     # When the sweeper runs until the turn ends, each of its copies lost too
     sweeper = Sweeper(client)
@@ -182,7 +188,7 @@ def test_a_position_lost_every_time_fails_its_turn(private: Private) -> None:
     while client.job(job.id).status().status.value == "running":
         assert time.monotonic() < deadline, "the turn never ended"
         sweeper.once()
-        client.runtime.redis.delete(llm_queue)
+        client.runtime.redis.delete(*llm_queue)
         time.sleep(0.2)
 
     # Then it re-sent the step max_redispatches times, backing off, and failed
@@ -293,7 +299,7 @@ def _turns(client: Client, conversation_id: str) -> list[Turn]:
 
 
 def _lose_dequeues(client: Client) -> None:
-    client.runtime.redis.delete(f"{client.settings.redis_prefix}:control")
+    client.runtime.redis.delete(*_lists(client, "control"))
 
 
 def test_a_message_whose_dequeue_was_lost_starts_one_turn(private: Private) -> None:

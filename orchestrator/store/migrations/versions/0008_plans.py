@@ -1,7 +1,7 @@
 """plans: the todo list an agent keeps with manage_todo_list, on its conversation
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-11-24
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0008"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
