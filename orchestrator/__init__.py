@@ -2,7 +2,7 @@
 
 The public API::
 
-    from orchestrator import Agent, Client, ToolContext, tool
+    from orchestrator import Agent, Client, MCPServer, ToolContext, tool
 """
 
 from orchestrator.agents import Agent
@@ -26,6 +26,7 @@ from orchestrator.errors import (
 )
 from orchestrator.settings import Settings, load_settings
 from orchestrator.tools import Tool, ToolContext, tool
+from orchestrator.toolsets import MCPServer, MCPServerSpec
 
 __all__ = [
     "Agent",
@@ -38,6 +39,8 @@ __all__ = [
     "InvalidRequestError",
     "Job",
     "JobFailedError",
+    "MCPServer",
+    "MCPServerSpec",
     "ModelBehaviorError",
     "ModelError",
     "SecretInSettingsError",

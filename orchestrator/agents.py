@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -10,6 +11,7 @@ from orchestrator import registry
 from orchestrator.errors import invalid
 from orchestrator.specs import check_spec
 from orchestrator.tools import Tool
+from orchestrator.toolsets import MCPServerSpec
 from schemas import AgentSpec, Budget, RateLimit, RetryPolicy
 
 #: ``AgentSpec`` fields that ``Agent`` takes under another name (``output``
@@ -30,7 +32,7 @@ def Agent(
     name: str,
     model: str,
     system: str = "",
-    tools: list[Tool | str] | tuple[Tool | str, ...] = (),
+    tools: Sequence[Tool | MCPServerSpec | str] = (),
     *,
     subagents: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
     max_steps: int = _default("max_steps"),
@@ -53,7 +55,9 @@ def Agent(
         name: the name jobs use (letters, digits, ``_`` and ``-``).
         model: a litellm model string, e.g. ``openai/gpt-4o`` or ``scripted/demo``.
         system: the system prompt.
-        tools: tools (``@tool`` objects or registered names) the model may call.
+        tools: tools (``@tool`` objects or registered names) the model may
+            call, and MCP servers (``MCPServer`` objects) whose every tool it
+            may call (stored in the spec's ``toolsets``).
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
         max_steps: model calls allowed in one turn before it fails (default 100).
@@ -78,7 +82,12 @@ def Agent(
             name=name,
             model=model,
             system=system,
-            tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
+            tools=tuple(
+                t.spec.name if isinstance(t, Tool) else t
+                for t in tools
+                if not isinstance(t, MCPServerSpec)
+            ),
+            toolsets=tuple(t.name for t in tools if isinstance(t, MCPServerSpec)),
             subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
             max_steps=max_steps,
             retry=retry,

@@ -66,16 +66,22 @@ class Tool:
         :class:`ToolStopped` as soon as ``should_stop()`` is true (the job
         was cancelled or ran out of budget).
         """
-        kwargs = validate_params(self.params_model, params, tool=self.spec.name)
-        if self.context_param:
-            kwargs[self.context_param] = ctx
-        value = _run_with_timeout(self.fn, kwargs, self.spec.timeout, self.spec.name, should_stop)
+        kwargs = self.arguments(params, ctx)
+        value = run_with_timeout(self.fn, kwargs, self.spec.timeout, self.spec.name, should_stop)
         try:
             return to_jsonable_python(value)
         except Exception as exc:
             raise ToolExecutionError(
                 f"tool {self.spec.name!r} returned a value that is not JSON: {type(value)}"
             ) from exc
+
+    def arguments(self, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """The keyword arguments of ``fn`` for one call: ``params`` validated,
+        and the context if the function takes it."""
+        kwargs = validate_params(self.params_model, params, tool=self.spec.name)
+        if self.context_param:
+            kwargs[self.context_param] = ctx
+        return kwargs
 
 
 class ToolStopped(Exception):
@@ -87,7 +93,7 @@ class ToolStopped(Exception):
 STOP_POLL = 0.5
 
 
-def _run_with_timeout(
+def run_with_timeout(
     fn: Callable[..., Any],
     kwargs: dict[str, Any],
     timeout: float,
@@ -119,6 +125,8 @@ def _run_with_timeout(
         raise ToolExecutionError(f"tool {name!r} timed out after {timeout:g}s")
     if "error" in outcome:
         exc = outcome["error"]
+        if isinstance(exc, ToolExecutionError):
+            raise exc  # already says which tool failed and how
         raise ToolExecutionError(f"tool {name!r} raised {type(exc).__name__}: {exc}") from exc
     return outcome.get("value")
 

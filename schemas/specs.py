@@ -11,6 +11,10 @@ from schemas.content import Frozen
 #: Provider tool-name rule shared by OpenAI, Anthropic and Gemini.
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
+#: A registered tool's name: a plain name, or ``<namespace>.<tool>`` (an MCP
+#: server's tool is ``<server>.<tool>``, the tool named as the server names it).
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}(\.[a-zA-Z0-9_.-]{1,128})?$"
+
 #: Model calls allowed in one turn unless the agent says otherwise: real
 #: tool-heavy trajectories take dozens (an airline support turn took 27).
 DEFAULT_MAX_STEPS = 100
@@ -22,7 +26,7 @@ SUBAGENT_PREFIX = "subagent__"
 class ToolSpec(Frozen):
     """A registered tool as the model and the engine see it."""
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     parallelizable: bool = True
@@ -78,7 +82,7 @@ class Budget(Frozen):
 
 
 class AgentSpec(Frozen):
-    """An agent: a model, a system prompt, tool names and limits.
+    """An agent: a model, a system prompt, tool and toolset names and limits.
 
     ``model_settings`` are passed to litellm (``temperature``, ``api_base``,
     ...). Secrets never go here: litellm reads provider keys from the
@@ -90,6 +94,10 @@ class AgentSpec(Frozen):
     model: str = Field(min_length=1)
     system: str = ""
     tools: tuple[str, ...] = ()
+    toolsets: tuple[str, ...] = Field(
+        default=(),
+        description="Names of registered MCP servers whose tools the model may call",
+    )
     subagents: tuple[str, ...] = ()
     max_steps: int = Field(
         default=DEFAULT_MAX_STEPS, ge=1, le=1000, description="Model calls allowed in one turn"

@@ -1,7 +1,8 @@
 """Which tools an agent's model may call: only what its own spec lists.
 
 The registry holds every tool and agent a worker imported; an agent may
-use only its ``tools``, a ``subagent__X`` tool for each of its
+use only its ``tools``, the tools ``<server>.<tool>`` of the MCP servers
+in its ``toolsets``, a ``subagent__X`` tool for each of its
 ``subagents``, and ``final_answer`` when it has an output schema. A call
 to anything else is answered with an error result and never runs.
 """
@@ -19,7 +20,8 @@ def may_call(spec: AgentSpec, tool: str) -> bool:
         return tool.removeprefix(SUBAGENT_PREFIX) in spec.subagents
     if tool == FINAL_ANSWER and spec.output_schema is not None:
         return True
-    return tool in spec.tools
+    server, dot, _ = tool.partition(".")
+    return tool in spec.tools or (bool(dot) and server in spec.toolsets)
 
 
 def refusal(spec: AgentSpec, tool: str) -> str | None:

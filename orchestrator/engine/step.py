@@ -15,7 +15,7 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
-from orchestrator import registry
+from orchestrator import registry, toolsets
 from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import (
@@ -477,13 +477,19 @@ def _model_failed(
 
 
 def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
-    """The agent's tools and one tool per subagent template, as the model sees them."""
+    """The agent's tools, its MCP servers' tools and one tool per subagent
+    template, as the model sees them."""
     tools = []
     for name in spec.tools:
         try:
             tools.append(tool_to_openai(registry.get_tool(name).spec))
         except UnknownToolError:
             log.warning("agent %s names tool %s that this worker lacks", spec.name, name)
+    for name in spec.toolsets:
+        try:
+            tools.extend(tool_to_openai(t) for t in toolsets.offered(name))
+        except UnknownToolError:
+            log.warning("agent %s names MCP server %s that this worker lacks", spec.name, name)
     for name in spec.subagents:
         try:
             tools.append(tool_to_openai(subagent_tool(name)))
