@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 #: (unique per call, stable across redeliveries: the server's idempotency key).
 REQUEST_ID_META = "chorus/tool_request_id"
 
-#: Seconds to connect to an HTTP server before a request fails.
-CONNECT_TIMEOUT = 10.0
+#: Seconds to connect (to start a stdio server and initialize) before a
+#: request fails; the request's own timeout starts once connected.
+CONNECT_TIMEOUT = 30.0
 
 
 def _headers(server: MCPServerSpec) -> dict[str, str]:
@@ -47,12 +48,9 @@ def _headers(server: MCPServerSpec) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def _connect(server: MCPServerSpec, timeout: float) -> AsyncIterator[Client]:
+async def _connect(server: MCPServerSpec) -> AsyncIterator[Client]:
     if server.url is not None:
-        http = httpx2.AsyncClient(
-            headers=_headers(server),
-            timeout=httpx2.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT)),
-        )
+        http = httpx2.AsyncClient(headers=_headers(server), timeout=httpx2.Timeout(None))
         async with http, Client(streamable_http_client(server.url, http_client=http)) as client:
             yield client
         return
@@ -73,23 +71,28 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 async def _request(server: MCPServerSpec, what: str, timeout: float, fn: Any) -> Any:
-    """Run ``fn(client)`` on a new connection within ``timeout`` seconds;
-    every failure becomes a :class:`ToolExecutionError` naming the server."""
+    """Run ``fn(client)`` on a new connection: ``CONNECT_TIMEOUT`` seconds to
+    connect (start a stdio server), then ``timeout`` for the request. Every
+    failure becomes a :class:`ToolExecutionError` naming the server."""
+    done: list[Any] = []
+    phase = f"connecting timed out after {CONNECT_TIMEOUT:g}s"
     try:
-        with anyio.fail_after(timeout):
-            async with _connect(server, timeout) as client:
-                return await fn(client)
+        with anyio.CancelScope(deadline=anyio.current_time() + CONNECT_TIMEOUT) as scope:
+            async with _connect(server) as client:
+                phase = f"timed out after {timeout:g}s"
+                scope.deadline = anyio.current_time() + timeout
+                done.append(await fn(client))
     except ConfigurationError:
         raise
     except BaseException as exc:  # the client's task groups wrap errors in groups
         leaf = _leaf(exc)
         if not isinstance(leaf, Exception):
             raise
-        if isinstance(leaf, TimeoutError):
-            detail = f"timed out after {timeout:g}s"
-        else:
-            detail = f"failed: {type(leaf).__name__}: {leaf}"
+        detail = f"failed: {type(leaf).__name__}: {leaf}"
         raise ToolExecutionError(f"MCP server {server.name!r}: {what} {detail}") from leaf
+    if not done:  # the scope's deadline passed
+        raise ToolExecutionError(f"MCP server {server.name!r}: {what} {phase}")
+    return done[0]
 
 
 async def list_tools(server: MCPServerSpec, timeout: float) -> list[types.Tool]:

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 #: A server's name: the namespace of its tools.
 SERVER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
-#: Seconds a ``tools/call`` may take beyond the server's timeout for the
-#: client to close its connection before the call is given up.
+#: Seconds a ``tools/call`` may take beyond connecting and the server's
+#: timeout, for the client to close its connection, before it is given up.
 CLOSE_GRACE = 5.0
 
 #: The most a ``tools/list`` may take, in seconds (a step waits for it).
@@ -166,7 +166,7 @@ def remote_tool(
         parameters=parameters or {"type": "object", "properties": {}},
         parallelizable=server.parallelizable,
         queue=server.queue,
-        timeout=server.timeout + CLOSE_GRACE,
+        timeout=mcpclient.CONNECT_TIMEOUT + server.timeout + CLOSE_GRACE,
     )
     return MCPTool(
         spec=spec,
@@ -211,7 +211,7 @@ def _discover(server: MCPServerSpec) -> list[ToolSpec]:
     listed = run_with_timeout(
         mcpclient.list_tools,
         {"server": server, "timeout": timeout},
-        timeout + CLOSE_GRACE,
+        mcpclient.CONNECT_TIMEOUT + timeout + CLOSE_GRACE,
         f"{server.name} tools/list",
     )
     specs = []
