@@ -97,6 +97,14 @@ register_script(
     + [Reply.say("Lisbon, three nights.")] * 10,  # e.g. a checkpoint's briefing
 )
 
+register_script(
+    "readme-travel-agent",
+    [
+        Reply.call(call("weather.forecast", city="Lisbon")),
+        lambda ms: Reply.say("Lisbon: " + _tool_results(ms)[-1]),
+    ],
+)
+
 # The README's declarations, in order, as this module's body.
 exec(
     compile(

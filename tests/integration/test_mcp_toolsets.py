@@ -189,3 +189,17 @@ def test_an_agent_naming_an_unknown_mcp_server_is_refused(mcp_fleet: Client) -> 
     agent = AgentSpec(name="mcp-nowhere", model="scripted/mcp-stdio", toolsets=("nowhere",))
     with pytest.raises(UnknownToolError, match="unknown MCP server 'nowhere'"):
         mcp_fleet.submit(agent, "hi")
+
+
+def test_the_readme_example_runs(mcp_fleet: Client) -> None:
+    # The README's travel agent (tests/readme.py) calls the example server's
+    # forecast over stdio, through the fleet
+    job = mcp_fleet.submit("travel-agent", "Weather in Lisbon?")
+    answer = job.result(timeout=90)
+    assert json.loads(answer.removeprefix("Lisbon: ")) == {
+        "city": "Lisbon",
+        "sky": "clear",
+        "temperature": 21,
+    }
+    (call,) = tool_calls(mcp_fleet, job.id)
+    assert call.tool == "weather.forecast" and not call.is_error
