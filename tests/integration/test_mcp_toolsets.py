@@ -15,10 +15,12 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-from orchestrator import Client, Settings
+from orchestrator import Client, MCPServer, Settings, toolsets
 from schemas import AgentSpec, EventName
 from tests.conftest import ROOT, WorkerProcess, tool_calls
 from tests.loopback_llm import LoopbackLLM
@@ -41,11 +43,11 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="module")
-def mcp_url(settings: Settings) -> Iterator[str]:
+@contextmanager
+def http_server(state_dir: Path) -> Iterator[str]:
     """The test MCP server over streamable HTTP, once it accepts connections."""
     port = _free_port()
-    log = settings.state_dir / f"mcp-http-{port}.log"
+    log = state_dir / f"mcp-http-{port}.log"
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.mcp_server", "http", str(port)],
         cwd=ROOT,
@@ -66,6 +68,12 @@ def mcp_url(settings: Settings) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def mcp_url(settings: Settings) -> Iterator[str]:
+    with http_server(Path(settings.state_dir)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +211,18 @@ def test_the_readme_example_runs(mcp_fleet: Client) -> None:
     }
     (call,) = tool_calls(mcp_fleet, job.id)
     assert call.tool == "weather.forecast" and not call.is_error
+
+
+def test_a_server_that_goes_down_keeps_its_last_known_tools(tmp_path: Path) -> None:
+    # Given a server listed once (its list is never fresh: cache_seconds=0)
+    with http_server(tmp_path) as url:
+        flaky = MCPServer("mcp_flaky", url=url, cache_seconds=0)
+        listed = toolsets.offered(flaky.name)
+        assert [t.name for t in listed] == ["mcp_flaky.echo", "mcp_flaky.fail", "mcp_flaky.slow"]
+        assert listed[0].parameters == ECHO_SCHEMA and listed[0].queue == "tools"
+
+    # When it is down, discovery offers the last known list
+    assert toolsets.offered(flaky.name) == listed
+    # and a server never reached offers nothing; neither raises
+    never = MCPServer("mcp_never", url=url, cache_seconds=0)
+    assert toolsets.offered(never.name) == []
