@@ -2,7 +2,7 @@
 
 The public API::
 
-    from orchestrator import Agent, Client, MCPServer, ToolContext, tool
+    from orchestrator import Agent, Client, MCPServer, ToolContext, schema_tool, tool, tool_catalog
 """
 
 from orchestrator.agents import Agent
@@ -24,6 +24,7 @@ from orchestrator.errors import (
     UnknownToolError,
     UserError,
 )
+from orchestrator.schematools import schema_tool, tool_catalog
 from orchestrator.settings import Settings, load_settings
 from orchestrator.tools import Tool, ToolContext, tool
 from orchestrator.toolsets import MCPServer, MCPServerSpec
@@ -53,5 +54,7 @@ __all__ = [
     "UnknownToolError",
     "UserError",
     "load_settings",
+    "schema_tool",
     "tool",
+    "tool_catalog",
 ]

@@ -8,11 +8,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import registry
+from orchestrator.engine.output import FINAL_ANSWER
 from orchestrator.errors import invalid
 from orchestrator.specs import check_spec
+from orchestrator.toolnames import check_unique
 from orchestrator.tools import Tool
 from orchestrator.toolsets import MCPServerSpec
 from schemas import AgentSpec, Budget, RateLimit, RetryPolicy
+from schemas.specs import SUBAGENT_PREFIX
 
 #: ``AgentSpec`` fields that ``Agent`` takes under another name (``output``
 #: also accepts a pydantic model, turned into the spec's JSON schema).
@@ -55,9 +58,11 @@ def Agent(
         name: the name jobs use (letters, digits, ``_`` and ``-``).
         model: a litellm model string, e.g. ``openai/gpt-4o`` or ``scripted/demo``.
         system: the system prompt.
-        tools: tools (``@tool`` objects or registered names) the model may
-            call, and MCP servers (``MCPServer`` objects) whose every tool it
-            may call (stored in the spec's ``toolsets``).
+        tools: tools (``@tool`` or :func:`~orchestrator.schema_tool` objects,
+            or registered qualified names) the model may call, and MCP
+            servers (``MCPServer`` objects) whose every tool it may call
+            (stored in the spec's ``toolsets``). Two whose provider-legal
+            aliases collide raise :class:`ConfigurationError`.
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
         max_steps: model calls allowed in one turn before it fails (default 100).
@@ -103,5 +108,13 @@ def Agent(
     except ValidationError as exc:
         raise invalid(exc, f"agent {name!r}") from None
     check_spec(spec)
+    check_unique(offered_names(spec), f"agent {name!r}")
     registry.register_agent(spec)
     return spec
+
+
+def offered_names(spec: AgentSpec) -> list[str]:
+    """The names of every tool the agent's model is offered: its tools, one
+    ``subagent__X`` per subagent and ``final_answer`` with an output schema."""
+    final = [FINAL_ANSWER] if spec.output_schema is not None else []
+    return [*spec.tools, *(f"{SUBAGENT_PREFIX}{a}" for a in spec.subagents), *final]

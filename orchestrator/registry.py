@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigurationError, UnknownAgentError, UnknownToolError
-from schemas import AgentSpec
+from schemas import AgentSpec, ToolSpec
 
 if TYPE_CHECKING:
     from orchestrator.tools import Tool
@@ -30,9 +30,15 @@ def register_tool(t: Tool) -> None:
     _tools[t.spec.name] = t
 
 
-def _origin(t: Tool) -> tuple[str, str]:
-    # A module imported twice (as __main__ and by name) re-registers the same tool.
-    return t.fn.__module__, t.fn.__qualname__
+def _origin(t: Tool) -> tuple[str, str, ToolSpec]:
+    # A module imported twice (as __main__ and by name) re-registers the same
+    # tool. One function may serve several schema tools: the spec tells them apart.
+    fn = t.fn
+    return (
+        getattr(fn, "__module__", type(fn).__module__),
+        getattr(fn, "__qualname__", type(fn).__qualname__),
+        t.spec,
+    )
 
 
 def register_toolset(server: MCPServerSpec) -> None:

@@ -2,12 +2,17 @@
 
 The JSON schema of its parameters comes from the signature; arguments are
 validated before every call. A parameter annotated :class:`ToolContext`
-receives the call's context and is not offered to the model.
+receives the call's context and is not offered to the model. A tool may
+live in a namespace: its registered name is then ``<namespace>.<name>``
+(:func:`qualified`), offered to the model under a provider-legal alias
+(:mod:`orchestrator.toolnames`). Tools declared from a JSON schema instead
+of a signature are in :mod:`orchestrator.schematools`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
 import time
@@ -15,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from pydantic import BaseModel
+from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
 from orchestrator import registry
-from orchestrator.errors import ToolExecutionError
+from orchestrator.errors import ConfigurationError, ToolExecutionError
 from orchestrator.toolschema import build_params, describe, validate_params
 from schemas import ToolSpec
 
@@ -41,11 +46,16 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class Tool:
-    """A registered tool: its spec, the function and its argument validator."""
+    """A registered tool: its spec, the function and its argument validator.
+
+    ``arguments`` validates the arguments the model sent and returns the
+    keyword arguments ``fn`` is called with (raising
+    :class:`~orchestrator.errors.InvalidRequestError`).
+    """
 
     spec: ToolSpec
     fn: Callable[..., Any]
-    params_model: type[BaseModel]
+    arguments: Callable[[dict[str, Any]], dict[str, Any]]
     context_param: str | None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -66,7 +76,9 @@ class Tool:
         :class:`ToolStopped` as soon as ``should_stop()`` is true (the job
         was cancelled or ran out of budget).
         """
-        kwargs = self.arguments(params, ctx)
+        kwargs = self.arguments(params)
+        if self.context_param:
+            kwargs[self.context_param] = ctx
         value = run_with_timeout(self.fn, kwargs, self.spec.timeout, self.spec.name, should_stop)
         try:
             return to_jsonable_python(value)
@@ -74,14 +86,6 @@ class Tool:
             raise ToolExecutionError(
                 f"tool {self.spec.name!r} returned a value that is not JSON: {type(value)}"
             ) from exc
-
-    def arguments(self, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-        """The keyword arguments of ``fn`` for one call: ``params`` validated,
-        and the context if the function takes it."""
-        kwargs = validate_params(self.params_model, params, tool=self.spec.name)
-        if self.context_param:
-            kwargs[self.context_param] = ctx
-        return kwargs
 
 
 class ToolStopped(Exception):
@@ -135,10 +139,29 @@ async def _await(value: Any) -> Any:
     return await value
 
 
+def qualified(name: str, namespace: str | None) -> str:
+    """A tool's registered name: ``<namespace>.<name>``, or ``name`` alone."""
+    return name if namespace is None else f"{namespace}.{name}"
+
+
+def tool_spec(name: str, namespace: str | None = None, **fields: Any) -> ToolSpec:
+    """The spec of tool ``name`` in ``namespace``; a name or namespace that
+    cannot be registered raises :class:`ConfigurationError` naming it."""
+    if namespace is not None and (not namespace or namespace != namespace.strip()):
+        raise ConfigurationError(f"tool {name!r}: invalid namespace {namespace!r}")
+    full = qualified(name, namespace)
+    try:
+        return ToolSpec(name=full, **fields)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigurationError(f"tool {full!r}: {detail}") from None
+
+
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
     name: str | None = None,
+    namespace: str | None = None,
     description: str | None = None,
     parallelizable: bool = True,
     queue: str = "tools",
@@ -147,7 +170,10 @@ def tool(
     """Register a function as a tool. Use bare (``@tool``) or with options.
 
     Args:
-        name: the name the model calls (default: the function's name).
+        name: the tool's name (default: the function's name).
+        namespace: registers the tool as ``<namespace>.<name>``; the model
+            sees a provider-legal alias (``weather.forecast`` is offered as
+            ``weather__forecast``).
         description: what the model is told (default: the docstring summary).
         parallelizable: False makes each call a barrier: it runs alone,
             after every earlier call of the batch and before every later one.
@@ -159,8 +185,9 @@ def tool(
         hints = get_type_hints(f)
         ctx_params = {p for p, h in hints.items() if h is ToolContext}
         params_model, schema = build_params(f, skip=ctx_params)
-        spec = ToolSpec(
-            name=name or f.__name__,
+        spec = tool_spec(
+            name or f.__name__,
+            namespace,
             description=description if description is not None else describe(f),
             parameters=schema,
             parallelizable=parallelizable,
@@ -168,7 +195,10 @@ def tool(
             timeout=timeout,
         )
         t = Tool(
-            spec=spec, fn=f, params_model=params_model, context_param=next(iter(ctx_params), None)
+            spec=spec,
+            fn=f,
+            arguments=functools.partial(validate_params, params_model, tool=spec.name),
+            context_param=next(iter(ctx_params), None),
         )
         registry.register_tool(t)
         return t

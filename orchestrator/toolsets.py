@@ -27,8 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
-
 from orchestrator import mcpclient, registry
 from orchestrator.errors import ChorusError, InvalidRequestError, SecretInSettingsError
 from orchestrator.specs import url_has_credentials
@@ -133,28 +131,12 @@ def MCPServer(
     return server
 
 
-class _Arguments(BaseModel):
-    """Placeholder: an MCP tool's arguments are checked by its server."""
-
-
-@dataclass(frozen=True)
-class MCPTool(Tool):
-    """One tool of an MCP server, called through :mod:`orchestrator.mcpclient`."""
-
-    server: MCPServerSpec | None = None
-    remote: str = ""
-
-    def arguments(self, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-        """The arguments go to the server as they are: it validates them."""
-        return {"arguments": dict(params), "ctx": ctx}
-
-
 def remote_tool(
     server: MCPServerSpec,
     remote: str,
     description: str = "",
     parameters: dict[str, Any] | None = None,
-) -> MCPTool:
+) -> Tool:
     """The Chorus tool ``<server>.<remote>``: a call runs ``tools/call`` on the server."""
 
     async def call(arguments: dict[str, Any], ctx: ToolContext) -> Any:
@@ -168,14 +150,12 @@ def remote_tool(
         queue=server.queue,
         timeout=mcpclient.CONNECT_TIMEOUT + server.timeout + CLOSE_GRACE,
     )
-    return MCPTool(
-        spec=spec,
-        fn=call,
-        params_model=_Arguments,
-        context_param="ctx",
-        server=server,
-        remote=remote,
-    )
+    return Tool(spec=spec, fn=call, arguments=_as_sent, context_param="ctx")
+
+
+def _as_sent(params: dict[str, Any]) -> dict[str, Any]:
+    """An MCP tool's arguments go to its server as sent: the server validates them."""
+    return {"arguments": dict(params)}
 
 
 _cache: dict[str, tuple[float, list[ToolSpec]]] = {}

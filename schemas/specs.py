@@ -8,12 +8,13 @@ from pydantic import Field, field_validator
 
 from schemas.content import Frozen
 
-#: Provider tool-name rule shared by OpenAI, Anthropic and Gemini.
+#: Provider tool-name rule shared by OpenAI, Anthropic and Gemini (agent names follow it).
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
-#: A registered tool's name: a plain name, or ``<namespace>.<tool>`` (an MCP
-#: server's tool is ``<server>.<tool>``, the tool named as the server names it).
-TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}(\.[a-zA-Z0-9_.-]{1,128})?$"
+#: A tool's registered (qualified) name: ``<namespace>.<name>`` or a bare
+#: name, printable without whitespace, up to 200 characters (the stored
+#: column). The model sees a provider-legal alias (``orchestrator.toolnames``).
+TOOL_NAME_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,200}$"
 
 #: Model calls allowed in one turn unless the agent says otherwise: real
 #: tool-heavy trajectories take dozens (an airline support turn took 27).
@@ -24,7 +25,8 @@ SUBAGENT_PREFIX = "subagent__"
 
 
 class ToolSpec(Frozen):
-    """A registered tool as the model and the engine see it."""
+    """A registered tool as the engine sees it; the model sees ``name``'s
+    provider-legal alias (``orchestrator.toolnames``)."""
 
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str = ""

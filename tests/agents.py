@@ -746,6 +746,112 @@ register_script("fleet-batch", [_fleet_batch] * 200)
 Agent("fleet-batch", scripted_model("fleet-batch"), tools=[fleet_sleep])
 
 
+# --- schema: tools from JSON schemas, namespaces, the catalog replay ---
+# Two made-up catalogs in the shape of tau-bench airline and BFCL
+# (tests/catalogs/*.json), both defining list_all_airports; the cases of
+# tests/integration/test_tool_catalogs.py replay calls with the arguments of
+# tests/catalogs/cases.json. Every call appends one JSON line to
+# CATALOG_CALLS_FILE in the worker's CHORUS_STATE_DIR.
+
+from pathlib import Path  # noqa: E402
+
+from orchestrator import tool_catalog  # noqa: E402
+from orchestrator.llm.scripted import offered_tools  # noqa: E402
+
+CATALOG_DIR = Path(__file__).resolve().parent / "catalogs"
+CATALOG_CALLS_FILE = "catalog-calls.jsonl"
+CATALOGS = [json.loads((CATALOG_DIR / f).read_text()) for f in ("travel.json", "atlas.json")]
+CATALOG_CASE_DATA = json.loads((CATALOG_DIR / "cases.json").read_text())
+#: Declared definitions by qualified name, in declaration order.
+CATALOG_DEFINITIONS = {f"{c['namespace']}.{f['name']}": f for c in CATALOGS for f in c["functions"]}
+
+
+def _recorder(qualified: str) -> Any:
+    def handle(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        line = {
+            "conversation_id": ctx.conversation_id,
+            "tool_request_id": ctx.tool_request_id,
+            "tool": qualified,
+            "arguments": arguments,
+        }
+        path = os.path.join(os.environ.get("CHORUS_STATE_DIR", "."), CATALOG_CALLS_FILE)
+        with open(path, "a", encoding="utf-8") as f:  # one O_APPEND write per call
+            f.write(json.dumps(line) + "\n")
+        return {"tool": qualified, "received": arguments}
+
+    return handle
+
+
+CATALOG_TOOLS = [
+    t
+    for c in CATALOGS
+    for t in tool_catalog(
+        c["namespace"],
+        c["functions"],
+        {f["name"]: _recorder(f"{c['namespace']}.{f['name']}") for f in c["functions"]},
+        arguments="dict",
+        parallelizable=[f["name"] for f in c["functions"] if f["name"] not in c["barriers"]],
+        timeout=30.0,
+    )
+]
+
+
+def _offered_as(qualified: str) -> str:
+    """The name the model was offered the tool under, found as a model
+    would: by its description and parameters, never by its name."""
+    declared = CATALOG_DEFINITIONS[qualified]
+    found = [
+        t["function"]["name"]
+        for t in offered_tools()
+        if t["function"]["description"] == declared["description"]
+        and t["function"]["parameters"] == declared["parameters"]
+    ]
+    if len(found) != 1:
+        raise RuntimeError(f"{qualified} offered {len(found)} times")
+    return found[0]
+
+
+def _catalog_step(calls: list[list[Any]]) -> Any:
+    def reply(messages: list[dict[str, Any]]) -> Reply:
+        return Reply.call(*(ScriptedToolCall(_offered_as(q), args) for q, args in calls))
+
+    return reply
+
+
+def _catalog_answer(messages: list[dict[str, Any]]) -> Reply:
+    """Each turn ends with the tools the model was offered, as JSON."""
+    return Reply.say(json.dumps(offered_tools()))
+
+
+def _catalog_cases() -> dict[str, list[list[list[list[Any]]]]]:
+    """Case name → turns → steps → calls ``[qualified tool, arguments]``."""
+    examples: dict[str, list[dict[str, Any]]] = CATALOG_CASE_DATA["examples"]
+    every = [[q, a] for q, found in examples.items() for a in found]
+    barriers = {f"{c['namespace']}.{b}" for c in CATALOGS for b in c["barriers"]}
+    parallel = [c for c in every if c[0] not in barriers]
+    cases: dict[str, list[list[list[list[Any]]]]] = {}
+    for q, found in examples.items():  # one call to each tool
+        cases[f"single-{q}"] = [[[[q, found[0]]]]]
+    for i in range(0, len(parallel), 5):  # parallel calls: one step, one segment
+        cases[f"parallel-{i // 5}"] = [[parallel[i : i + 5]]]
+    for i in range(3):  # multi-turn: three user turns of two steps
+        turns = [every[(i * 6 + t * 2) % len(every) :][:2] for t in range(3)]
+        cases[f"multi-turn-{i}"] = [[[a], [b]] for a, b in turns]
+    cases["sequential-30"] = [[[every[s % len(every)]] for s in range(30)]]
+    for i, v in enumerate(CATALOG_CASE_DATA["violations"]):
+        cases[f"violation-{i}"] = [[[[v["tool"], v["arguments"]]]]]
+    return cases
+
+
+CATALOG_CASES = _catalog_cases()
+for _case, _turns in CATALOG_CASES.items():
+    _name = f"catalog-{_case}".replace(".", "-")[:60]
+    register_script(
+        _name, [r for steps in _turns for r in [*map(_catalog_step, steps), _catalog_answer]]
+    )
+    Agent(_name, scripted_model(_name), tools=CATALOG_TOOLS, max_steps=40)
+
+
 # --- MCP toolsets ---
 
 import sys  # noqa: E402
@@ -781,9 +887,9 @@ register_script(
     "mcp-stdio",
     [
         Reply.call(
-            call("mcp_stdio.echo", text="hello"),
-            call("mcp_stdio.fail", reason="boom"),
-            call("mcp_stdio.slow", seconds=30),
+            call("mcp_stdio__echo", text="hello"),
+            call("mcp_stdio__fail", reason="boom"),
+            call("mcp_stdio__slow", seconds=30),
             call("mcp_http.echo", text="not mine"),
         ),
         _mcp_results,
@@ -793,6 +899,6 @@ Agent("mcp-stdio", scripted_model("mcp-stdio"), tools=[mcp_stdio])
 
 register_script(
     "mcp-down",
-    [Reply.call(call("mcp_down.echo", text="anyone?"), call("add", a=1, b=2)), _mcp_results],
+    [Reply.call(call("mcp_down__echo", text="anyone?"), call("add", a=1, b=2)), _mcp_results],
 )
 Agent("mcp-down", scripted_model("mcp-down"), tools=[mcp_down, "add"])

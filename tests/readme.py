@@ -100,7 +100,19 @@ register_script(
 register_script(
     "readme-travel-agent",
     [
-        Reply.call(call("weather.forecast", city="Lisbon")),
+        Reply.call(
+            call("airline__fare", origin="Lisbon", destination="JFK"),
+            call("airline__fare", origin="LIS", destination="JFK"),
+            call("atlas__list_all_airports", country="PT"),
+        ),
+        lambda ms: Reply.say(" | ".join(_tool_results(ms))),
+    ],
+)
+
+register_script(
+    "readme-weather-planner",
+    [
+        Reply.call(call("weather__forecast", city="Lisbon")),
         lambda ms: Reply.say("Lisbon: " + _tool_results(ms)[-1]),
     ],
 )

@@ -153,7 +153,13 @@ def test_the_python_client_blocks_run_against_the_fleet(
             ran.append(block.line)
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 4
+    assert len(ran) == 5
+    fares = namespace["fare_job"].result()
+    assert "invalid arguments for tool 'airline.fare': $.origin: 'Lisbon' is too long" in fares
+    assert '"route": "LIS-JFK", "cabin": "economy", "usd": 420' in fares
+    assert '["LIS", "OPO", "FAO"]' in fares
+    requested = [e.data["tool"] for e in namespace["fare_job"].events(deltas=False)]
+    assert requested.count("airline.fare") == 2 and "atlas.list_all_airports" in requested
     assert namespace["job"].status().structured == {"city": "Lisbon", "nights": 3}
     assert namespace["again"].result() == "Four nights in Lisbon, rebooked."
     namespace["client"].close()

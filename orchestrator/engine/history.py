@@ -18,13 +18,19 @@ A step's prompt costs what is new in it, not the whole history
 Context transformers still get every loaded message and may drop or
 replace any: a message they return unchanged (the same object) is sent in
 its cached form, any other is converted anew.
+
+Tool names are stored qualified and sent as their provider-legal aliases
+(:mod:`orchestrator.toolnames`): the cached form uses
+:func:`~orchestrator.toolnames.alias`, a pure function of the name; a
+message naming a tool the step offers under another alias (a collision
+resolved at step time) is converted anew with the step's mapping.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -38,6 +44,7 @@ from orchestrator.context import TransformContext
 from orchestrator.llm.call import openai_messages, system_message
 from orchestrator.ratelimit import json_chars
 from orchestrator.store.tables import CheckpointRow, MessageRow
+from orchestrator.toolnames import alias
 from schemas import AgentSpec, Message, Role, Usage, content_blocks_adapter
 
 
@@ -99,9 +106,18 @@ class Stored:
     chars: int
 
 
-def _stored(message: Message) -> Stored:
-    sent = tuple(openai_messages(message))
+def _stored(message: Message, names: Mapping[str, str] | None = None) -> Stored:
+    sent = tuple(
+        openai_messages(message, lambda tool: names.get(tool) or alias(tool))
+        if names
+        else openai_messages(message)
+    )
     return Stored(message, sent, sum(json_chars(m) + 1 for m in sent))
+
+
+def _names_tool(message: Message, tools: Mapping[str, str]) -> bool:
+    """Does ``message`` call, or hold a result of, one of ``tools``?"""
+    return any(getattr(block, "tool", None) in tools for block in message.content)
 
 
 class MessageCache:
@@ -232,20 +248,32 @@ def model_context(session: Session, conversation_id: str, agent: AgentSpec) -> l
     return _context(session, conversation_id, agent)[0]
 
 
-def model_prompt(session: Session, conversation_id: str, agent: AgentSpec, system: str) -> Prompt:
+def model_prompt(
+    session: Session,
+    conversation_id: str,
+    agent: AgentSpec,
+    system: str,
+    names: Mapping[str, str] | None = None,
+) -> Prompt:
     """The messages of the model request: ``system`` and :func:`model_context`,
     in OpenAI format (:func:`orchestrator.llm.call.to_openai_messages`).
+    ``names``: the step's qualified name → alias of the tools it offers
+    (:func:`orchestrator.toolnames.aliases`); other names are sent as
+    their :func:`~orchestrator.toolnames.alias`.
 
     The dicts of stored messages are shared with the cache: the model
     client must not change them.
     """
     history, stored = _context(session, conversation_id, agent)
+    renamed = {q: a for q, a in (names or {}).items() if a != alias(q)}
     by_object = {id(entry.message): entry for entry in stored}
     messages = system_message(system)
     chars = 1 + sum(json_chars(m) + 1 for m in messages)  # "[", and "]" for the last ","
     for message in history:
         entry = by_object.get(id(message))
-        if entry is None or entry.message is not message:
+        if renamed and _names_tool(message, renamed):
+            entry = _stored(message, renamed)
+        elif entry is None or entry.message is not message:
             entry = _stored(message)
         messages.extend(entry.sent)
         chars += entry.chars

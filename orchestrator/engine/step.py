@@ -7,6 +7,7 @@ import os
 import socket
 import time
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -53,6 +54,7 @@ from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
 from orchestrator.store.values import storable_text
+from orchestrator.toolnames import aliases
 from schemas import (
     AgentSpec,
     ConversationState,
@@ -61,6 +63,7 @@ from schemas import (
     TextBlock,
     ThinkingBlock,
     ToolCallBlock,
+    ToolSpec,
     TurnStatus,
 )
 from schemas.content import ContentBlock
@@ -221,10 +224,10 @@ def _run_step(
     else:
         tools_allowed = tool_calls_left(job) != 0
         system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
+        tools, names = _offered_tools(spec) if tools_allowed else ([], {})
         with rt.autocommit() as session:
-            prompt = model_prompt(session, conv.id, spec, system)
+            prompt = model_prompt(session, conv.id, spec, system, names)
         messages = prompt.messages
-        tools = _offered_tools(spec) if tools_allowed else []
         size = request_tokens(messages, tools, prompt.chars)
         fits = spec.context_tokens is None or size <= spec.context_tokens
         # past the context limit a checkpoint comes first, and admission after it
@@ -262,7 +265,7 @@ def _run_step(
         with heartbeat(rt).hold(conversation_id, owner) as lease:
             if not fits:
                 messages, ended = _fit_context(
-                    rt, spec, (conversation_id, turn_id, step, owner), system, tools
+                    rt, spec, (conversation_id, turn_id, step, owner), system, (tools, names)
                 )
                 if ended is not None:
                     return ended
@@ -288,6 +291,7 @@ def _run_step(
         reply.usage.output_tokens,
         rt.settings.rate_limit_allowance,
     )
+    reply = _qualified(reply, names)
     if lease.lost.is_set() or reply.stopped:
         return _left(rt, ids, reply, admitted, lost=lease.lost.is_set())
     return _persist(rt, ids, owner, reply, (started, began), tools_allowed, admitted)
@@ -367,16 +371,18 @@ def _fit_context(
     spec: AgentSpec,
     ids: tuple[str, str, int, str],
     system: str,
-    tools: list[dict[str, Any]],
+    offered: tuple[list[dict[str, Any]], dict[str, str]],
 ) -> tuple[list[dict[str, Any]], list[Action] | None]:
     """The prompt passes the agent's context-token limit: take a checkpoint
     first, rebuild the prompt around its summary and admit it.
 
-    ``ids``: conversation, turn, step, lease owner. Returns the messages to
+    ``ids``: conversation, turn, step, lease owner; ``offered``: the tools
+    and their names (:func:`_offered_tools`). Returns the messages to
     send, or the actions that end this execution instead (a deferral, a
     retry, or none when another copy took over).
     """
     conversation_id, turn_id, step, owner = ids
+    tools, names = offered
     try:
         take_checkpoint(rt, conversation_id)  # False: nothing left to summarize; sent as is
         with rt.transaction() as (session, outbox):
@@ -384,7 +390,7 @@ def _fit_context(
             if loaded is None:
                 return [], []
             conv, turn = loaded
-            prompt = model_prompt(session, conversation_id, spec, system)
+            prompt = model_prompt(session, conversation_id, spec, system, names)
             messages = prompt.messages
             size = request_tokens(messages, tools, prompt.chars)
             wait = _admit(rt, outbox, conv, turn, step, spec, size)
@@ -476,29 +482,50 @@ def _model_failed(
     return ended or []
 
 
-def _offered_tools(spec: AgentSpec) -> list[dict[str, Any]]:
-    """The agent's tools, its MCP servers' tools and one tool per subagent
-    template, as the model sees them."""
-    tools = []
+def _offered_specs(spec: AgentSpec) -> list[ToolSpec]:
+    """The agent's tools, its MCP servers' tools, one tool per subagent
+    template and ``final_answer``."""
+    specs = []
     for name in spec.tools:
         try:
-            tools.append(tool_to_openai(registry.get_tool(name).spec))
+            specs.append(registry.get_tool(name).spec)
         except UnknownToolError:
             log.warning("agent %s names tool %s that this worker lacks", spec.name, name)
     for name in spec.toolsets:
         try:
-            tools.extend(tool_to_openai(t) for t in toolsets.offered(name))
+            specs.extend(toolsets.offered(name))
         except UnknownToolError:
             log.warning("agent %s names MCP server %s that this worker lacks", spec.name, name)
     for name in spec.subagents:
         try:
-            tools.append(tool_to_openai(subagent_tool(name)))
+            specs.append(subagent_tool(name))
         except UnknownAgentError:
             log.warning("agent %s names subagent %s that this worker lacks", spec.name, name)
     final = final_answer_tool(spec)
     if final is not None:
-        tools.append(tool_to_openai(final))
-    return tools
+        specs.append(final)
+    return specs
+
+
+def _offered_tools(spec: AgentSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The tools as the model sees them, under provider-legal aliases, and
+    each one's qualified name → alias (:func:`orchestrator.toolnames.aliases`)."""
+    specs = _offered_specs(spec)
+    names = aliases(s.name for s in specs)
+    return [tool_to_openai(s, names[s.name]) for s in specs], names
+
+
+def _qualified(reply: ModelReply, names: dict[str, str]) -> ModelReply:
+    """The reply with each call to an offered alias naming its qualified
+    tool: what is stored, checked and run. Other names are kept as sent."""
+    qualified = {a: q for q, a in names.items() if a != q}
+    if not any(c.tool in qualified for c in reply.tool_calls):
+        return reply
+    calls = [
+        c.model_copy(update={"tool": qualified[c.tool]}) if c.tool in qualified else c
+        for c in reply.tool_calls
+    ]
+    return replace(reply, tool_calls=calls)
 
 
 def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]:

@@ -41,6 +41,7 @@ from orchestrator.errors import ConfigurationError, ModelError
 from orchestrator.llm import openai_stream
 from orchestrator.llm.failures import is_retryable, translating
 from orchestrator.llm.reply import INVALID_ARGUMENTS_KEY, ModelReply, parse_arguments, read_stream
+from orchestrator.toolnames import alias
 from schemas.content import (
     Message,
     Role,
@@ -219,12 +220,13 @@ def _litellm_stream(
 # --- conversion from the content model ------------------------------------
 
 
-def tool_to_openai(spec: ToolSpec) -> dict[str, Any]:
-    """A tool spec as an OpenAI ``tools=`` entry."""
+def tool_to_openai(spec: ToolSpec, name: str | None = None) -> dict[str, Any]:
+    """A tool spec as an OpenAI ``tools=`` entry, offered as ``name`` (by
+    default the provider-legal alias of its name, :mod:`orchestrator.toolnames`)."""
     return {
         "type": "function",
         "function": {
-            "name": spec.name,
+            "name": name or alias(spec.name),
             "description": spec.description,
             "parameters": spec.parameters,
         },
@@ -234,6 +236,9 @@ def tool_to_openai(spec: ToolSpec) -> dict[str, Any]:
 def to_openai_messages(system: str, messages: list[Message]) -> list[dict[str, Any]]:
     """Convert Chorus messages to OpenAI chat messages.
 
+    - Tool names (of calls and results) are their provider-legal aliases
+      (:func:`orchestrator.toolnames.alias`; :func:`openai_messages` takes
+      another mapping).
     - ``system`` (if not empty) becomes the first, ``system`` message.
     - Assistant messages carry their text (joined) and ``tool_calls`` with
       JSON-dumped arguments; no ``content`` key when there is no text but
@@ -260,16 +265,19 @@ def system_message(system: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": system}] if system else []
 
 
-def openai_messages(message: Message) -> list[dict[str, Any]]:
-    """One Chorus message as OpenAI chat messages (see :func:`to_openai_messages`)."""
+def openai_messages(message: Message, name: Callable[[str], str] = alias) -> list[dict[str, Any]]:
+    """One Chorus message as OpenAI chat messages (see :func:`to_openai_messages`);
+    ``name`` gives the name the model sees for a tool's qualified name."""
     texts = [b.text for b in message.content if isinstance(b, TextBlock)]
-    results = [_tool_message(b) for b in message.content if isinstance(b, ToolResultBlock)]
+    results = [_tool_message(b, name) for b in message.content if isinstance(b, ToolResultBlock)]
     if message.role == Role.ASSISTANT:
-        return [_assistant_message(texts, message.tool_calls), *results]
+        return [_assistant_message(texts, message.tool_calls, name), *results]
     return [*results, *([{"role": "user", "content": "\n\n".join(texts)}] if texts else [])]
 
 
-def _assistant_message(texts: list[str], calls: list[ToolCallBlock]) -> dict[str, Any]:
+def _assistant_message(
+    texts: list[str], calls: list[ToolCallBlock], name: Callable[[str], str]
+) -> dict[str, Any]:
     text = "".join(texts)
     entry: dict[str, Any] = {"role": "assistant"}
     if text or not calls:
@@ -279,19 +287,19 @@ def _assistant_message(texts: list[str], calls: list[ToolCallBlock]) -> dict[str
             {
                 "id": c.tool_request_id,
                 "type": "function",
-                "function": {"name": c.tool, "arguments": json.dumps(c.params, default=str)},
+                "function": {"name": name(c.tool), "arguments": json.dumps(c.params, default=str)},
             }
             for c in calls
         ]
     return entry
 
 
-def _tool_message(block: ToolResultBlock) -> dict[str, Any]:
+def _tool_message(block: ToolResultBlock, name: Callable[[str], str]) -> dict[str, Any]:
     result = block.result
     content = result if isinstance(result, str) else json.dumps(result, default=str)
     return {
         "role": "tool",
         "tool_call_id": block.tool_request_id,
-        "name": block.tool,
+        "name": name(block.tool),
         "content": content,
     }

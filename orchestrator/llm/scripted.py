@@ -22,6 +22,9 @@ pieces (id and name with the first half of the arguments, then the rest), so
 consumers exercise the same accumulation as with a real provider. Usage is a
 rough word count: prompt words in, reply words out, unless the reply sets it.
 
+A reply function can read the ``tools=`` of the call it answers with
+:func:`offered_tools` (as the provider received them).
+
 Tool calls are emitted even when the tool is not in ``tools=`` and their
 arguments may be any raw string (``ScriptedToolCall(tool, "{not json")``):
 tests use both to simulate a misbehaving model.
@@ -35,6 +38,7 @@ import re
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -113,6 +117,13 @@ ScriptItem: TypeAlias = Reply | Callable[[list[dict[str, Any]]], Reply]
 
 _scripts: dict[str, tuple[ScriptItem, ...]] = {}
 _lock = threading.Lock()
+_tools: ContextVar[tuple[dict[str, Any], ...]] = ContextVar("scripted_tools", default=())
+
+
+def offered_tools() -> list[dict[str, Any]]:
+    """The ``tools=`` of the model call a reply function is answering, as
+    the provider received them (empty outside a call, or without tools)."""
+    return list(_tools.get())
 
 
 def register_script(name: str, replies: Sequence[ScriptItem]) -> None:
@@ -225,8 +236,14 @@ class _Answer:
         )
 
 
-def _answer(model: str, messages: list[dict[str, Any]]) -> _Answer:
-    reply = _select(model, messages)
+def _answer(
+    model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any] | None = None
+) -> _Answer:
+    token = _tools.set(tuple((optional_params or {}).get("tools") or ()))
+    try:
+        reply = _select(model, messages)
+    finally:
+        _tools.reset(token)
     calls = [(c.id or f"call_{uuid.uuid4().hex}", c.tool, c.arguments()) for c in reply.tool_calls]
     produced = _words(reply.text) + sum(1 + _words(args) for _, _, args in calls)
     return _Answer(
@@ -303,11 +320,11 @@ class ScriptedLLM(CustomLLM):
     def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """Answer without streaming."""
         model, messages = kwargs["model"], kwargs["messages"]
-        return _response(model, _answer(model, messages))
+        return _response(model, _answer(model, messages, kwargs.get("optional_params")))
 
     def streaming(self, *args: Any, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
         """Answer as a stream (errors raise here, before the first chunk)."""
-        return _stream(_answer(kwargs["model"], kwargs["messages"]))
+        return _stream(_answer(kwargs["model"], kwargs["messages"], kwargs.get("optional_params")))
 
     async def acompletion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """Answer without streaming, async."""
@@ -317,7 +334,7 @@ class ScriptedLLM(CustomLLM):
         self, *args: Any, **kwargs: Any
     ) -> AsyncIterator[GenericStreamingChunk]:
         """Answer as an async stream; litellm iterates the returned iterator."""
-        return _astream(_answer(kwargs["model"], kwargs["messages"]))
+        return _astream(_answer(kwargs["model"], kwargs["messages"], kwargs.get("optional_params")))
 
 
 async def _astream(answer: _Answer) -> AsyncIterator[GenericStreamingChunk]:

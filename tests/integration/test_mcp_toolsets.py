@@ -132,14 +132,14 @@ def test_stdio_tools_return_fail_time_out_and_stay_within_the_agent(mcp_fleet: C
 
 def test_http_tools_are_offered_with_their_schemas_and_called(mcp_fleet: Client) -> None:
     with LoopbackLLM() as model:
-        # Given a model that calls the first echo tool it was offered
+        # Given a model that calls the server's echo tool
         agent = AgentSpec(
             name="mcp-loopback",
             model="openai/loopback-model",
             toolsets=("mcp_http",),
             model_settings={"api_base": model.base_url},
         )
-        model.enqueue_tool_calls([("mcp_http.echo", {"text": "over http"})])
+        model.enqueue_tool_calls([("mcp_http__echo", {"text": "over http"})])
         model.enqueue_text("Done.")
 
         # When the fleet runs a turn
@@ -149,12 +149,16 @@ def test_http_tools_are_offered_with_their_schemas_and_called(mcp_fleet: Client)
 
     # Then the model was offered the server's tools as the server lists them
     offered = {t["function"]["name"]: t["function"] for t in first["tools"]}
-    assert set(offered) == {"mcp_http.echo", "mcp_http.fail", "mcp_http.slow"}
-    assert offered["mcp_http.echo"]["parameters"] == ECHO_SCHEMA
-    assert offered["mcp_http.echo"]["description"] == "Say the text back, with the request's _meta."
+    # (under provider-legal aliases)
+    assert set(offered) == {"mcp_http__echo", "mcp_http__fail", "mcp_http__slow"}
+    assert offered["mcp_http__echo"]["parameters"] == ECHO_SCHEMA
+    assert (
+        offered["mcp_http__echo"]["description"] == "Say the text back, with the request's _meta."
+    )
 
     # And the call ran on the server's own queue and reached it with the request id
     (call,) = tool_calls(mcp_fleet, job.id)
+    assert call.tool == "mcp_http.echo"
     assert not call.is_error and call.result["text"] == "over http"
     assert call.result["meta"]["chorus/tool_request_id"] == call.tool_request_id
     tool_message = next(m for m in second["messages"] if m["role"] == "tool")
@@ -200,9 +204,9 @@ def test_an_agent_naming_an_unknown_mcp_server_is_refused(mcp_fleet: Client) -> 
 
 
 def test_the_readme_example_runs(mcp_fleet: Client) -> None:
-    # The README's travel agent (tests/readme.py) calls the example server's
+    # The README's weather planner (tests/readme.py) calls the example server's
     # forecast over stdio, through the fleet
-    job = mcp_fleet.submit("travel-agent", "Weather in Lisbon?")
+    job = mcp_fleet.submit("weather-planner", "Weather in Lisbon?")
     answer = job.result(timeout=90)
     assert json.loads(answer.removeprefix("Lisbon: ")) == {
         "city": "Lisbon",
