@@ -899,6 +899,11 @@ Agent("mcp-stdio", scripted_model("mcp-stdio"), tools=[mcp_stdio])
 
 register_script(
     "mcp-down",
-    [Reply.call(call("mcp_down__echo", text="anyone?"), call("add", a=1, b=2)), _mcp_results],
+    [
+        # the qualified name, as a model that saw the tool earlier would call
+        # it: a server that is down at discovery offers nothing now
+        Reply.call(call("mcp_down.echo", text="anyone?"), call("add", a=1, b=2)),
+        _mcp_results,
+    ],
 )
 Agent("mcp-down", scripted_model("mcp-down"), tools=[mcp_down, "add"])
