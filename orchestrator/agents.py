@@ -18,8 +18,9 @@ from schemas import AgentSpec, Budget, RateLimit, RetryPolicy
 from schemas.specs import SUBAGENT_PREFIX
 
 #: ``AgentSpec`` fields that ``Agent`` takes under another name (``output``
-#: also accepts a pydantic model, turned into the spec's JSON schema).
-RENAMED_FIELDS = {"output_schema": "output"}
+#: also accepts a pydantic model, turned into the spec's JSON schema;
+#: ``tools`` also takes ``MCPServer`` objects, stored as ``toolsets``).
+RENAMED_FIELDS = {"output_schema": "output", "toolsets": "tools"}
 
 
 def _default(field: str) -> Any:
