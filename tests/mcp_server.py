@@ -3,7 +3,7 @@
 Run ``python -m tests.mcp_server stdio`` (over stdin/stdout) or
 ``python -m tests.mcp_server http PORT`` (streamable HTTP on 127.0.0.1:PORT,
 path ``/mcp``). Its tools: ``echo`` returns its text and the request's
-``_meta``, ``fail`` raises, ``slow`` sleeps.
+``_meta`` (and its ``Authorization`` header), ``fail`` raises, ``slow`` sleeps.
 """
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ server = MCPServer("chorus-test")
 def echo(text: str, ctx: Context) -> dict[str, Any]:
     """Say the text back, with the request's _meta."""
     meta = ctx.request_context.meta
-    return {"text": text, "meta": dict(meta) if meta else {}}
+    headers = ctx.headers or {}
+    said = {"text": text, "meta": dict(meta) if meta else {}}
+    if "authorization" in headers:
+        said["authorization"] = headers["authorization"]
+    return said
 
 
 @server.tool()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import Client, MCPServer, Settings, toolsets
+from orchestrator import ChorusError, Client, MCPServer, Settings, ToolContext, registry, toolsets
 from schemas import AgentSpec, EventName
 from tests.conftest import ROOT, WorkerProcess, tool_calls
 from tests.loopback_llm import LoopbackLLM
@@ -230,3 +230,23 @@ def test_a_server_that_goes_down_keeps_its_last_known_tools(tmp_path: Path) -> N
     # and a server never reached offers nothing; neither raises
     never = MCPServer("mcp_never", url=url, cache_seconds=0)
     assert toolsets.offered(never.name) == []
+
+
+def test_a_header_comes_from_the_environment_variable_the_declaration_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = ToolContext("conversation", "root", "turn", "request-1")
+    with http_server(tmp_path) as url:
+        MCPServer("mcp_auth", url=url, headers={"Authorization": "CHORUS_TEST_MCP_TOKEN"})
+        echo = registry.get_tool("mcp_auth.echo")
+
+        # Unset: the call fails naming the variable
+        monkeypatch.delenv("CHORUS_TEST_MCP_TOKEN", raising=False)
+        with pytest.raises(ChorusError, match="environment variable CHORUS_TEST_MCP_TOKEN"):
+            echo.invoke({"text": "hi"}, ctx)
+
+        # Set: the server receives its value
+        monkeypatch.setenv("CHORUS_TEST_MCP_TOKEN", "Bearer not-a-real-token")
+        said = echo.invoke({"text": "hi"}, ctx)
+    assert said["authorization"] == "Bearer not-a-real-token"
+    assert said["meta"]["chorus/tool_request_id"] == "request-1"
