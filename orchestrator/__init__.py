@@ -2,7 +2,7 @@
 
 The public API::
 
-    from orchestrator import Agent, Client, ToolContext, schema_tool, tool, tool_catalog
+    from orchestrator import Agent, Client, MCPServer, ToolContext, schema_tool, tool, tool_catalog
 """
 
 from orchestrator.agents import Agent
@@ -28,6 +28,7 @@ from orchestrator.errors import (
 from orchestrator.schematools import schema_tool, tool_catalog
 from orchestrator.settings import Settings, load_settings
 from orchestrator.tools import Tool, ToolContext, tool
+from orchestrator.toolsets import MCPServer, MCPServerSpec
 
 __all__ = [
     "Agent",
@@ -40,6 +41,8 @@ __all__ = [
     "InvalidRequestError",
     "Job",
     "JobFailedError",
+    "MCPServer",
+    "MCPServerSpec",
     "ModelBehaviorError",
     "ModelError",
     "SecretInSettingsError",

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import registry
 from orchestrator.engine.output import FINAL_ANSWER
-from orchestrator.engine.outputs import READ_TOOL_OUTPUT
+from orchestrator.engine.outputs import READ_TOOL_OUTPUT, reads_outputs
 from orchestrator.engine.planning import PLAN_TOOL
 from orchestrator.errors import invalid
 from orchestrator.specs import check_spec
 from orchestrator.toolnames import check_unique
 from orchestrator.tools import Tool
+from orchestrator.toolsets import MCPServerSpec
 from schemas import AgentSpec, Budget, RateLimit, RetryPolicy
 from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
 
 #: ``AgentSpec`` fields that ``Agent`` takes under another name (``output``
-#: also accepts a pydantic model, turned into the spec's JSON schema).
-RENAMED_FIELDS = {"output_schema": "output"}
+#: also accepts a pydantic model, turned into the spec's JSON schema;
+#: ``tools`` also takes ``MCPServer`` objects, stored as ``toolsets``).
+RENAMED_FIELDS = {"output_schema": "output", "toolsets": "tools"}
 
 
 def _default(field: str) -> Any:
@@ -35,7 +38,7 @@ def Agent(
     name: str,
     model: str,
     system: str = "",
-    tools: list[Tool | str] | tuple[Tool | str, ...] = (),
+    tools: Sequence[Tool | MCPServerSpec | str] = (),
     *,
     subagents: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
     handoffs: list[AgentSpec | str] | tuple[AgentSpec | str, ...] = (),
@@ -63,8 +66,10 @@ def Agent(
         model: a litellm model string, e.g. ``openai/gpt-4o`` or ``scripted/demo``.
         system: the system prompt.
         tools: tools (``@tool`` or :func:`~orchestrator.schema_tool` objects,
-            or registered qualified names) the model may call. Two whose
-            provider-legal aliases collide raise :class:`ConfigurationError`.
+            or registered qualified names) the model may call, and MCP
+            servers (``MCPServer`` objects) whose every tool it may call
+            (stored in the spec's ``toolsets``). Two whose provider-legal
+            aliases collide raise :class:`ConfigurationError`.
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
         handoffs: registered agents (specs or names) the model may hand the
@@ -101,7 +106,12 @@ def Agent(
             name=name,
             model=model,
             system=system,
-            tools=tuple(t.spec.name if isinstance(t, Tool) else t for t in tools),
+            tools=tuple(
+                t.spec.name if isinstance(t, Tool) else t
+                for t in tools
+                if not isinstance(t, MCPServerSpec)
+            ),
+            toolsets=tuple(t.name for t in tools if isinstance(t, MCPServerSpec)),
             subagents=tuple(a.name if isinstance(a, AgentSpec) else a for a in subagents),
             handoffs=tuple(a.name if isinstance(a, AgentSpec) else a for a in handoffs),
             planning=planning,
@@ -132,7 +142,7 @@ def offered_names(spec: AgentSpec) -> list[str]:
     the built-in tools it asked for or needs."""
     final = [FINAL_ANSWER] if spec.output_schema is not None else []
     plan = [PLAN_TOOL] if spec.planning else []
-    read = [READ_TOOL_OUTPUT] if spec.tools else []
+    read = [READ_TOOL_OUTPUT] if reads_outputs(spec) else []
     return [
         *spec.tools,
         *(f"{SUBAGENT_PREFIX}{a}" for a in spec.subagents),

@@ -44,11 +44,17 @@ class UnknownAgentError(UserError):
 
 
 class UnknownToolError(UserError):
-    def __init__(self, name: str, known: list[str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        known: list[str],
+        kind: str = "tool",
+        declare: str = "declare it with @tool",
+    ) -> None:
         self.name = name
         super().__init__(
-            f"unknown tool {name!r}; registered tools: {sorted(known) or 'none'} "
-            "(declare it with @tool in a module listed in CHORUS_MODULES)"
+            f"unknown {kind} {name!r}; registered {kind}s: {sorted(known) or 'none'} "
+            f"({declare} in a module listed in CHORUS_MODULES)"
         )
 
 

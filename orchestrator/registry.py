@@ -1,4 +1,4 @@
-"""What the workers registered: tools and agents by name.
+"""What the workers registered: tools, MCP toolsets and agents by name.
 
 A job can only name what is here. Nothing in a payload is imported or
 evaluated: modules come from the ``CHORUS_MODULES`` setting.
@@ -15,8 +15,10 @@ from schemas import AgentSpec, ToolSpec
 
 if TYPE_CHECKING:
     from orchestrator.tools import Tool
+    from orchestrator.toolsets import MCPServerSpec
 
 _tools: dict[str, Tool] = {}
+_toolsets: dict[str, MCPServerSpec] = {}
 _agents: dict[str, AgentSpec] = {}
 _loaded: set[str] = set()
 
@@ -39,6 +41,13 @@ def _origin(t: Tool) -> tuple[str, str, ToolSpec]:
     )
 
 
+def register_toolset(server: MCPServerSpec) -> None:
+    existing = _toolsets.get(server.name)
+    if existing is not None and existing != server:
+        raise ConfigurationError(f"two different MCP servers are named {server.name!r}")
+    _toolsets[server.name] = server
+
+
 def register_agent(spec: AgentSpec) -> None:
     existing = _agents.get(spec.name)
     if existing is not None and existing != spec:
@@ -47,10 +56,26 @@ def register_agent(spec: AgentSpec) -> None:
 
 
 def get_tool(name: str) -> Tool:
+    """The tool ``name``: a registered function, or ``<server>.<tool>`` of a
+    registered MCP server (a registered function of that name wins)."""
+    found = _tools.get(name)
+    if found is not None:
+        return found
+    server, dot, remote = name.partition(".")
+    if dot and server in _toolsets:
+        from orchestrator.toolsets import remote_tool
+
+        return remote_tool(_toolsets[server], remote)
+    raise UnknownToolError(name, list(_tools))
+
+
+def get_toolset(name: str) -> MCPServerSpec:
     try:
-        return _tools[name]
+        return _toolsets[name]
     except KeyError:
-        raise UnknownToolError(name, list(_tools)) from None
+        raise UnknownToolError(
+            name, list(_toolsets), "MCP server", "declare it with MCPServer(...)"
+        ) from None
 
 
 def get_agent(name: str) -> AgentSpec:
@@ -64,15 +89,21 @@ def tool_names() -> list[str]:
     return sorted(_tools)
 
 
+def toolset_names() -> list[str]:
+    return sorted(_toolsets)
+
+
 def agent_names() -> list[str]:
     return sorted(_agents)
 
 
 def check_agent(spec: AgentSpec) -> None:
     """Raise :class:`UnknownToolError` or :class:`UnknownAgentError` if the
-    spec names an unregistered tool, subagent or handoff target."""
+    spec names an unregistered tool, MCP server, subagent or handoff target."""
     for name in spec.tools:
         get_tool(name)
+    for name in spec.toolsets:
+        get_toolset(name)
     for name in (*spec.subagents, *spec.handoffs):
         get_agent(name)
 

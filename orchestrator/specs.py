@@ -72,7 +72,7 @@ def _is_credential(key: str) -> bool:
     return norm in CREDENTIAL_KEYS
 
 
-def _url_has_credentials(value: str) -> bool:
+def url_has_credentials(value: str) -> bool:
     if "://" not in value:
         return False
     try:
@@ -103,7 +103,7 @@ def refuse_credentials(model_settings: dict[str, Any]) -> None:
     for path, key, value in _entries(model_settings, "model_settings"):
         if _is_credential(key):
             raise SecretInSettingsError(path, "it is a credential")
-        if isinstance(value, str) and _url_has_credentials(value):
+        if isinstance(value, str) and url_has_credentials(value):
             raise SecretInSettingsError(path, "the URL carries credentials")
 
 

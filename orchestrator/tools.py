@@ -79,7 +79,7 @@ class Tool:
         kwargs = self.arguments(params)
         if self.context_param:
             kwargs[self.context_param] = ctx
-        value = _run_with_timeout(self.fn, kwargs, self.spec.timeout, self.spec.name, should_stop)
+        value = run_with_timeout(self.fn, kwargs, self.spec.timeout, self.spec.name, should_stop)
         try:
             return to_jsonable_python(value)
         except Exception as exc:
@@ -97,7 +97,7 @@ class ToolStopped(Exception):
 STOP_POLL = 0.5
 
 
-def _run_with_timeout(
+def run_with_timeout(
     fn: Callable[..., Any],
     kwargs: dict[str, Any],
     timeout: float,
@@ -129,6 +129,8 @@ def _run_with_timeout(
         raise ToolExecutionError(f"tool {name!r} timed out after {timeout:g}s")
     if "error" in outcome:
         exc = outcome["error"]
+        if isinstance(exc, ToolExecutionError):
+            raise exc  # already says which tool failed and how
         raise ToolExecutionError(f"tool {name!r} raised {type(exc).__name__}: {exc}") from exc
     return outcome.get("value")
 

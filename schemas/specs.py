@@ -94,7 +94,7 @@ class Budget(Frozen):
 
 
 class AgentSpec(Frozen):
-    """An agent: a model, a system prompt, tool names and limits.
+    """An agent: a model, a system prompt, tool and toolset names and limits.
 
     ``model_settings`` are passed to litellm (``temperature``, ``api_base``,
     ...). Secrets never go here: litellm reads provider keys from the
@@ -106,6 +106,10 @@ class AgentSpec(Frozen):
     model: str = Field(min_length=1)
     system: str = ""
     tools: tuple[str, ...] = ()
+    toolsets: tuple[str, ...] = Field(
+        default=(),
+        description="Names of registered MCP servers whose tools the model may call",
+    )
     subagents: tuple[str, ...] = ()
     handoffs: tuple[str, ...] = Field(
         default=(),

@@ -1095,3 +1095,60 @@ if os.environ.get(RECORD_PRIORITIES):
             json.dumps({"task": task.name, "id": task_id, "priority": priority}),
         )
         store.close()
+
+
+# --- MCP toolsets ---
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from orchestrator import MCPServer  # noqa: E402
+
+#: The test MCP server (tests/mcp_server.py) run over stdio, from the repository root.
+mcp_stdio = MCPServer(
+    "mcp_stdio",
+    command=[sys.executable, "-m", "tests.mcp_server", "stdio"],
+    cwd=str(Path(__file__).resolve().parent.parent),
+    timeout=3.0,
+)
+#: The same server over streamable HTTP, started by the test that sets the URL;
+#: its calls run on a queue of their own.
+mcp_http = MCPServer(
+    "mcp_http",
+    url=os.environ.get("CHORUS_TEST_MCP_URL", "http://127.0.0.1:1/mcp"),
+    queue="mcp",
+    timeout=3.0,
+)
+#: A server nobody runs: nothing listens on port 1.
+mcp_down = MCPServer("mcp_down", url="http://127.0.0.1:1/mcp", timeout=3.0)
+
+
+def _mcp_results(messages: list[dict[str, Any]]) -> Reply:
+    """The tool results, one per line, as the answer."""
+    return Reply.say("\n".join(str(m["content"]) for m in messages if m["role"] == "tool"))
+
+
+register_script(
+    "mcp-stdio",
+    [
+        Reply.call(
+            call("mcp_stdio__echo", text="hello"),
+            call("mcp_stdio__fail", reason="boom"),
+            call("mcp_stdio__slow", seconds=30),
+            call("mcp_http.echo", text="not mine"),
+        ),
+        _mcp_results,
+    ],
+)
+Agent("mcp-stdio", scripted_model("mcp-stdio"), tools=[mcp_stdio])
+
+register_script(
+    "mcp-down",
+    [
+        # the qualified name, as a model that saw the tool earlier would call
+        # it: a server that is down at discovery offers nothing now
+        Reply.call(call("mcp_down.echo", text="anyone?"), call("add", a=1, b=2)),
+        _mcp_results,
+    ],
+)
+Agent("mcp-down", scripted_model("mcp-down"), tools=[mcp_down, "add"])

@@ -170,6 +170,13 @@ register_script(
         lambda ms: Reply.say("It reads: " + _tool_results(ms)[-1].splitlines()[-1]),
     ],
 )
+register_script(
+    "readme-weather-planner",
+    [
+        Reply.call(call("weather__forecast", city="Lisbon")),
+        lambda ms: Reply.say("Lisbon: " + _tool_results(ms)[-1]),
+    ],
+)
 
 # The README's declarations, in order, as this module's body.
 exec(

@@ -1,10 +1,11 @@
 """Which tools an agent's model may call: only what its own spec lists.
 
 The registry holds every tool and agent a worker imported; an agent may
-use only its ``tools``, a ``subagent__X`` tool for each of its
+use only its ``tools``, the tools ``<server>.<tool>`` of the MCP servers
+in its ``toolsets``, a ``subagent__X`` tool for each of its
 ``subagents``, a ``handoff__X`` tool for each of its ``handoffs``,
 ``final_answer`` when it has an output schema, ``manage_todo_list``
-when it plans and ``read_tool_output`` when it has tools
+when it plans and ``read_tool_output`` when it has tools or servers
 (``orchestrator/engine/outputs.py``). A call
 to anything else is answered with an error result and never runs.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from orchestrator.engine.handoffs import is_handoff_call
 from orchestrator.engine.output import FINAL_ANSWER
-from orchestrator.engine.outputs import READ_TOOL_OUTPUT
+from orchestrator.engine.outputs import READ_TOOL_OUTPUT, reads_outputs
 from orchestrator.engine.planning import PLAN_TOOL
 from orchestrator.engine.subagents import is_subagent_call
 from schemas import AgentSpec
@@ -22,7 +23,7 @@ from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
 
 def may_call(spec: AgentSpec, tool: str) -> bool:
     if tool == READ_TOOL_OUTPUT:
-        return bool(spec.tools)
+        return reads_outputs(spec)
     if is_subagent_call(tool):
         return tool.removeprefix(SUBAGENT_PREFIX) in spec.subagents
     if is_handoff_call(tool):
@@ -31,7 +32,8 @@ def may_call(spec: AgentSpec, tool: str) -> bool:
         return True
     if tool == PLAN_TOOL and spec.planning:
         return True
-    return tool in spec.tools
+    server, dot, _ = tool.partition(".")
+    return tool in spec.tools or (bool(dot) and server in spec.toolsets)
 
 
 def refusal(spec: AgentSpec, tool: str) -> str | None:

@@ -57,9 +57,15 @@ def view(handle: str, tool: str, result: Any, limit: int) -> str:
     )
 
 
+def reads_outputs(spec: AgentSpec) -> bool:
+    """Whether the agent is offered ``read_tool_output``: it has tools or
+    MCP servers, whose results may be archived."""
+    return bool(spec.tools or spec.toolsets)
+
+
 def read_output_tool(spec: AgentSpec) -> ToolSpec | None:
     """The ``read_tool_output`` tool, for an agent with tools (else None)."""
-    if not spec.tools:
+    if not reads_outputs(spec):
         return None
     limit = spec.tool_output_limit
     return ToolSpec(

@@ -16,7 +16,7 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
-from orchestrator import registry
+from orchestrator import registry, toolsets
 from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import (
@@ -486,14 +486,19 @@ def _model_failed(
 
 
 def _offered_specs(spec: AgentSpec) -> list[ToolSpec]:
-    """The agent's tools, one tool per subagent template and per handoff
-    target, and the built-in tools it asked for."""
+    """The agent's tools, its MCP servers' tools, one tool per subagent
+    template and per handoff target, and the built-in tools it asked for."""
     specs = []
     for name in spec.tools:
         try:
             specs.append(registry.get_tool(name).spec)
         except UnknownToolError:
             log.warning("agent %s names tool %s that this worker lacks", spec.name, name)
+    for name in spec.toolsets:
+        try:
+            specs.extend(toolsets.offered(name))
+        except UnknownToolError:
+            log.warning("agent %s names MCP server %s that this worker lacks", spec.name, name)
     for kind, names, offer in (
         ("subagent", spec.subagents, subagent_tool),
         ("handoff target", spec.handoffs, handoff_tool),
