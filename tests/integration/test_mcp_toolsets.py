@@ -149,8 +149,13 @@ def test_http_tools_are_offered_with_their_schemas_and_called(mcp_fleet: Client)
 
     # Then the model was offered the server's tools as the server lists them
     offered = {t["function"]["name"]: t["function"] for t in first["tools"]}
-    # (under provider-legal aliases)
-    assert set(offered) == {"mcp_http__echo", "mcp_http__fail", "mcp_http__slow"}
+    # (under provider-legal aliases), with the built-in read_tool_output
+    assert set(offered) == {
+        "mcp_http__echo",
+        "mcp_http__fail",
+        "mcp_http__slow",
+        "read_tool_output",
+    }
     assert offered["mcp_http__echo"]["parameters"] == ECHO_SCHEMA
     assert (
         offered["mcp_http__echo"]["description"] == "Say the text back, with the request's _meta."
