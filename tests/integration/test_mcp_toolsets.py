@@ -23,6 +23,7 @@ import pytest
 from orchestrator import ChorusError, Client, MCPServer, Settings, ToolContext, registry, toolsets
 from schemas import AgentSpec, EventName
 from tests.conftest import ROOT, WorkerProcess, tool_calls
+from tests.faults import free_port
 from tests.loopback_llm import LoopbackLLM
 
 pytestmark = pytest.mark.integration
@@ -36,17 +37,10 @@ ECHO_SCHEMA = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextmanager
 def http_server(state_dir: Path) -> Iterator[str]:
     """The test MCP server over streamable HTTP, once it accepts connections."""
-    port = _free_port()
+    port = free_port()
     log = state_dir / f"mcp-http-{port}.log"
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.mcp_server", "http", str(port)],

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from orchestrator.errors import ModelError
 from orchestrator.llm.call import ModelReply, complete, model_path, tool_to_openai
 from schemas import AgentSpec, EventName
 from schemas.specs import ToolSpec
+from tests.faults import free_port
 from tests.loopback_llm import LoopbackLLM
 
 PATHS = {"litellm": "litellm", "auto": "openai-sdk"}  # CHORUS_MODEL_CLIENT -> path taken
@@ -58,12 +58,6 @@ def keys(monkeypatch: pytest.MonkeyPatch, server: LoopbackLLM) -> Iterator[None]
     monkeypatch.setenv("AZURE_API_KEY", "azure-test")
     yield
     assert server.pending == 0, "a case left responses queued"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -112,7 +106,7 @@ def proxy(
         "general_settings:\n"
         f"  master_key: {key}\n"
     )
-    port = _free_port()
+    port = free_port()
     log = folder / "proxy.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
     env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR")
@@ -275,7 +269,7 @@ def test_transport_failures_have_no_status_and_are_retryable(
     monkeypatch: pytest.MonkeyPatch, server: LoopbackLLM, path: str
 ) -> None:
     monkeypatch.setenv("CHORUS_MODEL_CLIENT", path)
-    refused = f"http://127.0.0.1:{_free_port()}/v1"
+    refused = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(ModelError) as caught:
         complete(MODEL, USER, None, {"api_base": refused})
     assert (caught.value.status, caught.value.retryable) == (None, True)

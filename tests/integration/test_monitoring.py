@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,9 @@ import pytest
 
 from orchestrator import Client, Settings
 from tests.conftest import ROOT, worker_env
+from tests.faults import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _serve(
@@ -58,7 +52,7 @@ def _serve(
 
 @pytest.fixture()
 def flower(settings: Settings) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     env = worker_env(settings, FLOWER_UNAUTHENTICATED_API="true")
     url = f"http://127.0.0.1:{port}"
     args = [
@@ -76,7 +70,7 @@ def flower(settings: Settings) -> Iterator[str]:
 
 @pytest.fixture()
 def metrics_url(settings: Settings) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     args = [
         sys.executable,
