@@ -21,6 +21,7 @@ from typing import Any
 from sqlmodel import Session
 
 from orchestrator import registry
+from orchestrator.engine.subagents import about
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn
@@ -35,11 +36,10 @@ def is_handoff_call(tool: str) -> bool:
 def handoff_tool(name: str) -> ToolSpec:
     """The tool through which a model hands the conversation to agent ``name``."""
     spec = registry.get_agent(name)
-    about = spec.system.strip().splitlines()[0] if spec.system.strip() else ""
     return ToolSpec(
         name=f"{HANDOFF_PREFIX}{name}",
         description=f"Hand this conversation over to the {name} agent: it takes over "
-        f"and answers the user from here. {about}".strip(),
+        f"and answers the user from here. {about(spec)}".strip(),
         parameters={
             "type": "object",
             "properties": {

@@ -38,13 +38,18 @@ def is_subagent_call(tool: str) -> bool:
     return tool.startswith(SUBAGENT_PREFIX)
 
 
+def about(spec: AgentSpec) -> str:
+    """The first line of an agent's system prompt: what a tool naming the
+    agent tells the model about it."""
+    return spec.system.strip().splitlines()[0] if spec.system.strip() else ""
+
+
 def subagent_tool(name: str) -> ToolSpec:
     """The tool through which a parent's model delegates to agent ``name``."""
     spec = registry.get_agent(name)
-    about = spec.system.strip().splitlines()[0] if spec.system.strip() else ""
     return ToolSpec(
         name=f"{SUBAGENT_PREFIX}{name}",
-        description=f"Delegate a task to the {name} agent and get its final answer. {about}",
+        description=f"Delegate a task to the {name} agent and get its final answer. {about(spec)}",
         parameters={
             "type": "object",
             "properties": {
