@@ -958,8 +958,9 @@ def _catalog_cases() -> dict[str, list[list[list[list[Any]]]]]:
     barriers = {f"{c['namespace']}.{b}" for c in CATALOGS for b in c["barriers"]}
     parallel = [c for c in every if c[0] not in barriers]
     cases: dict[str, list[list[list[list[Any]]]]] = {}
-    for q, found in examples.items():  # one call to each tool
-        cases[f"single-{q}"] = [[[[q, found[0]]]]]
+    for q, found in examples.items():  # one call with each example's arguments
+        for n, arguments in enumerate(found):
+            cases[f"single{n}-{q}"] = [[[[q, arguments]]]]
     for i in range(0, len(parallel), 5):  # parallel calls: one step, one segment
         cases[f"parallel-{i // 5}"] = [[parallel[i : i + 5]]]
     for i in range(3):  # multi-turn: three user turns of two steps
