@@ -7,11 +7,13 @@ evaluated: modules come from the ``CHORUS_MODULES`` setting.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigurationError, UnknownAgentError, UnknownToolError
 from schemas import AgentSpec, ToolSpec
+from schemas.specs import TOOL_NAME_PATTERN
 
 if TYPE_CHECKING:
     from orchestrator.tools import Tool
@@ -27,6 +29,12 @@ def register_tool(t: Tool) -> None:
     existing = _tools.get(t.spec.name)
     if existing is not None and _origin(existing) != _origin(t):
         raise ConfigurationError(f"two different tools are named {t.spec.name!r}")
+    namespace, dot, _ = t.spec.name.partition(".")
+    if dot and namespace in _toolsets:
+        raise ConfigurationError(
+            f"tool {t.spec.name!r} is in the namespace of MCP server {namespace!r}: "
+            "a server's namespace holds only its own tools"
+        )
     _tools[t.spec.name] = t
 
 
@@ -45,6 +53,11 @@ def register_toolset(server: MCPServerSpec) -> None:
     existing = _toolsets.get(server.name)
     if existing is not None and existing != server:
         raise ConfigurationError(f"two different MCP servers are named {server.name!r}")
+    taken = [name for name in _tools if name.startswith(f"{server.name}.")]
+    if taken:
+        raise ConfigurationError(
+            f"MCP server {server.name!r}: its namespace already holds the tool {taken[0]!r}"
+        )
     _toolsets[server.name] = server
 
 
@@ -62,7 +75,7 @@ def get_tool(name: str) -> Tool:
     if found is not None:
         return found
     server, dot, remote = name.partition(".")
-    if dot and server in _toolsets:
+    if dot and server in _toolsets and re.match(TOOL_NAME_PATTERN, name):
         from orchestrator.toolsets import remote_tool
 
         return remote_tool(_toolsets[server], remote)

@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import mcpclient, registry
-from orchestrator.errors import ChorusError, InvalidRequestError, SecretInSettingsError
+from orchestrator.errors import (
+    ChorusError,
+    ConfigurationError,
+    InvalidRequestError,
+    SecretInSettingsError,
+)
+from orchestrator.schematools import parameters_validator
 from orchestrator.specs import url_has_credentials
 from orchestrator.tools import Tool, ToolContext, run_with_timeout
 from schemas import ToolSpec
@@ -199,6 +205,11 @@ def _discover(server: MCPServerSpec) -> list[ToolSpec]:
         qualified = f"{server.name}.{item.name}"
         if not re.match(TOOL_NAME_PATTERN, qualified):
             log.warning("MCP server %s: tool name %r cannot be offered", server.name, item.name)
+            continue
+        try:  # one bad schema would make the provider refuse the whole request
+            parameters_validator(qualified, dict(item.input_schema))
+        except ConfigurationError as exc:
+            log.warning("MCP server %s: tool %r not offered: %s", server.name, item.name, exc)
             continue
         specs.append(
             remote_tool(server, item.name, item.description or "", dict(item.input_schema)).spec

@@ -1148,7 +1148,11 @@ register_script(
     [
         # the qualified name, as a model that saw the tool earlier would call
         # it: a server that is down at discovery offers nothing now
-        Reply.call(call("mcp_down.echo", text="anyone?"), call("add", a=1, b=2)),
+        Reply.call(
+            call("mcp_down.echo", text="anyone?"),
+            call("add", a=1, b=2),
+            call("mcp_down.no such tool"),  # not a legal tool name
+        ),
         _mcp_results,
     ],
 )

@@ -3,7 +3,9 @@
 Run ``python -m tests.mcp_server stdio`` (over stdin/stdout) or
 ``python -m tests.mcp_server http PORT`` (streamable HTTP on 127.0.0.1:PORT,
 path ``/mcp``). Its tools: ``echo`` returns its text and the request's
-``_meta`` (and its ``Authorization`` header), ``fail`` raises, ``slow`` sleeps.
+``_meta`` (and its ``Authorization`` header), ``fail`` raises, ``slow`` sleeps,
+and ``broken`` is listed with an input schema that is not a valid JSON schema
+(Chorus does not offer it).
 """
 
 from __future__ import annotations
@@ -40,6 +42,17 @@ def slow(seconds: float) -> str:
     """Sleep, then answer."""
     time.sleep(seconds)
     return f"slept {seconds}"
+
+
+@server.tool()
+def broken(x: int) -> int:
+    """Listed with an invalid input schema."""
+    return x
+
+
+_broken = server._tool_manager.get_tool("broken")
+assert _broken is not None
+_broken.parameters = {"type": "object", "properties": {"x": {"type": "no-such-type"}}}
 
 
 def main(argv: list[str]) -> None:

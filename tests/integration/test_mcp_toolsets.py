@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ChorusError, Client, MCPServer, Settings, ToolContext, registry, toolsets
+from orchestrator import (
+    ChorusError,
+    Client,
+    MCPServer,
+    Settings,
+    ToolContext,
+    registry,
+    tool,
+    toolsets,
+)
 from schemas import AgentSpec, EventName
 from tests.conftest import ROOT, WorkerProcess, tool_calls
 from tests.faults import free_port
@@ -177,12 +186,19 @@ def test_a_server_that_is_down_gives_error_results_and_the_turn_finishes(
     assert down.is_error
     assert "MCP server 'mcp_down': tools/call 'echo' failed: ConnectError" in str(down.result)
     assert (calls["add"].is_error, calls["add"].result) == (False, 3)
+    # and a name that no tool can have is an error result, not a failed turn
+    assert calls["mcp_down.no such tool"].is_error
     assert "ConnectError" in answer
     assert job.status().status == "completed"
 
 
 def test_mcp_server_declarations_are_checked() -> None:
-    from orchestrator import InvalidRequestError, MCPServer, SecretInSettingsError
+    from orchestrator import (
+        ConfigurationError,
+        InvalidRequestError,
+        MCPServer,
+        SecretInSettingsError,
+    )
 
     with pytest.raises(InvalidRequestError, match="exactly one of url and command"):
         MCPServer("neither")
@@ -192,6 +208,23 @@ def test_mcp_server_declarations_are_checked() -> None:
         MCPServer("a.b", url="http://127.0.0.1:1/mcp")
     with pytest.raises(SecretInSettingsError, match="credentials"):
         MCPServer("creds", url="http://user:pw@127.0.0.1:1/mcp")
+    # a server's namespace holds only its own tools: a function registered
+    # there would run for any agent listing the server
+    MCPServer("mcp_ns", url="http://127.0.0.1:1/mcp")
+    with pytest.raises(ConfigurationError, match="namespace of MCP server 'mcp_ns'"):
+        tool(namespace="mcp_ns")(_double)
+    tool(namespace="ns_first")(_double)
+    with pytest.raises(ConfigurationError, match="namespace already holds the tool 'ns_first"):
+        MCPServer("ns_first", url="http://127.0.0.1:1/mcp")
+
+
+def _double(x: int) -> int:
+    """Double it.
+
+    Args:
+        x: a number.
+    """
+    return 2 * x
 
 
 def test_an_agent_naming_an_unknown_mcp_server_is_refused(mcp_fleet: Client) -> None:
@@ -221,6 +254,8 @@ def test_a_server_that_goes_down_keeps_its_last_known_tools(tmp_path: Path) -> N
     with http_server(tmp_path) as url:
         flaky = MCPServer("mcp_flaky", url=url, cache_seconds=0)
         listed = toolsets.offered(flaky.name)
+        # (not `broken`: its input schema is invalid, and one bad schema
+        # would make the provider refuse the whole request)
         assert [t.name for t in listed] == ["mcp_flaky.echo", "mcp_flaky.fail", "mcp_flaky.slow"]
         assert listed[0].parameters == ECHO_SCHEMA and listed[0].queue == "tools"
 
