@@ -77,7 +77,6 @@ PREVIEWED = {
     EventName.TOOL_REQUESTED: "params",
     EventName.SUBAGENT_REQUESTED: "params",
     EventName.ASSISTANT_MESSAGE: "text",
-    EventName.PLAN_UPDATED: "plan",
     EventName.AGENT_HANDOFF: "message",
 }
 

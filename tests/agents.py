@@ -758,6 +758,10 @@ def offered_names() -> list[str]:
     return [t["function"]["name"] for t in offered_tools()]
 
 
+#: Later items of the keeps-plan plan, long enough to pass an event's preview.
+LONG_TODOS = [(i, f"Step {i}: " + "x" * 440, "not-started") for i in range(3, 11)]
+
+
 def todos(*items: tuple[int, str, str]) -> dict[str, Any]:
     """manage_todo_list arguments: (id, title, status) per item."""
     return {"todos": [{"id": i, "title": t, "status": s} for i, t, s in items]}
@@ -790,7 +794,11 @@ register_script(
         Reply.call(
             call(
                 "manage_todo_list",
-                **todos((1, "Check the weather", "completed"), (2, "Book", "in-progress")),
+                **todos(
+                    (1, "Check the weather", "completed"),
+                    (2, "Book", "in-progress"),
+                    *LONG_TODOS,  # a plan of over 2,000 characters: events carry it whole
+                ),
             )
         ),
         echo_results,

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator import Client, ConversationNotFound
 from schemas import EventName, TodoItem
+from tests.agents import LONG_TODOS
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +32,7 @@ def test_the_plan_is_written_refused_corrected_and_read(client: Client, workers:
         [
             {"id": 1, "title": "Check the weather", "status": "completed"},
             {"id": 2, "title": "Book", "status": "in-progress"},
+            *({"id": i, "title": t, "status": s} for i, t, s in LONG_TODOS),
         ],
     ]
     # the invalid plan was an error result naming why; the model saw it
@@ -39,10 +41,12 @@ def test_the_plan_is_written_refused_corrected_and_read(client: Client, workers:
     assert "at most one item may be in-progress" in answer
     # the other call of the first batch ran as usual
     assert "3" in answer and "Plan updated: 2 items" in answer
+    assert "Plan updated: 10 items" in answer
     # and the client reads the plan as last written
     plan = [
         TodoItem(id=1, title="Check the weather", status="completed"),
         TodoItem(id=2, title="Book", status="in-progress"),
+        *(TodoItem(id=i, title=t, status=s) for i, t, s in LONG_TODOS),
     ]
     assert client.plan(job.conversation_id) == plan
     assert job.plan() == plan
