@@ -370,9 +370,11 @@ def local(
             f"--example: no example {example!r}; there are {', '.join(EXAMPLES)}", ["example"]
         )
     example_module, example_agent, example_input = EXAMPLES[example]
-    agent, text = agent or example_agent, text or example_input
     settings = _settings()
-    modules = module or settings.modules or [example_module]
+    modules = list(module or settings.modules)
+    if agent is None or not modules:  # an example runs with its own module loaded
+        modules = list(dict.fromkeys([*modules, example_module]))
+    agent, text = agent or example_agent, text or example_input
     settings = settings.model_copy(update={"modules": modules})
     with local_stack(settings) as running:
         console.print(f"redis: {running.redis_url} (embedded: {settings.embedded})", style="dim")

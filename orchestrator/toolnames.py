@@ -68,7 +68,15 @@ def _collisions(names: Iterable[str]) -> dict[str, list[str]]:
 
 def check_unique(names: Iterable[str], owner: str) -> None:
     """Raise :class:`ConfigurationError` if two of ``names`` share an alias;
-    ``owner`` says whose tools they are (``"agent 'x'"``)."""
+    ``owner`` says whose tools they are (``"agent 'x'"``), or if one name is
+    offered twice (a tool named like a built-in: ``final_answer``, …)."""
+    names = list(names)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigurationError(
+            f"{owner}: {twice} offered twice: a tool may not take the name of a built-in "
+            "tool or be listed twice"
+        )
     clashes = _collisions(names)
     if clashes:
         detail = "; ".join(f"{found} are all offered as {a!r}" for a, found in clashes.items())

@@ -249,6 +249,8 @@ def test_the_pipeline_example_runs_on_the_embedded_default(tmp_path: Path) -> No
     (block,) = [b for b in readme.blocks() if _first(b) == "chorus local --example pipeline"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
     env.update(CHORUS_STATE_DIR=str(tmp_path), LITELLM_LOCAL_MODEL_COST_MAP="True")
+    # a user's own modules do not keep the example's from loading
+    env["CHORUS_MODULES"] = "examples.parallel_tools"
     out = _run_bash(_bash(block), env, timeout=170)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = " ".join(out.stdout.split())

@@ -227,7 +227,11 @@ def _run_step(
     else:
         tools_allowed = tool_calls_left(job) != 0
         system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
-        tools, names = _offered_tools(spec) if tools_allowed else ([], {})
+        offered = _offered_under_lease(rt, spec, conversation_id, owner) if tools_allowed else None
+        if tools_allowed and offered is None:
+            log.info("step %s of %s: lease lost while listing tools; leaving", step, turn_id)
+            return []
+        tools, names = offered or ([], {})
         with rt.autocommit() as session:
             prompt = model_prompt(session, conv.id, spec, system, names)
         messages = prompt.messages
@@ -520,6 +524,18 @@ def _offered_tools(spec: AgentSpec) -> tuple[list[dict[str, Any]], dict[str, str
     specs = _offered_specs(spec)
     names = aliases(s.name for s in specs)
     return [tool_to_openai(s, names[s.name]) for s in specs], names
+
+
+def _offered_under_lease(
+    rt: Runtime, spec: AgentSpec, conversation_id: str, owner: str
+) -> tuple[list[dict[str, Any]], dict[str, str]] | None:
+    """:func:`_offered_tools`, holding the lease while MCP servers are listed
+    (that may take a while); None if the lease was lost meanwhile."""
+    if not spec.toolsets:
+        return _offered_tools(spec)
+    with heartbeat(rt).hold(conversation_id, owner) as listing:
+        offered = _offered_tools(spec)
+    return None if listing.lost.is_set() else offered
 
 
 def _qualified(reply: ModelReply, names: dict[str, str]) -> ModelReply:

@@ -36,6 +36,13 @@ def test_an_agent_whose_tools_share_an_alias_is_refused() -> None:
         Agent("clashing", "scripted/none", tools=[dotted, underscored])
 
 
+def test_a_tool_named_like_a_built_in_is_refused() -> None:
+    # a second `read_tool_output` in the request would make providers refuse it
+    shadow = schema_tool("read_tool_output", "", OBJECT, lambda n=0: n)
+    with pytest.raises(ConfigurationError, match=r"'read_tool_output'.*offered twice"):
+        Agent("shadowing", "scripted/none", tools=[shadow])
+
+
 def test_invalid_declarations_name_the_tool() -> None:
     with pytest.raises(ConfigurationError, match=r"'bad\.obj'.*type 'object'"):
         schema_tool("obj", "", {"type": "string"}, print, namespace="bad")
