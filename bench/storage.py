@@ -45,9 +45,12 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench._harness import (
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: make `bench.*` importable
+    sys.path.insert(0, str(REPO))
+
+from bench._harness import (  # noqa: E402
     DEFAULT_ADMIN,
-    REPO,
     bench_main,
     client_services,
     raise_exit,

@@ -245,6 +245,21 @@ def test_the_first_command_runs_the_demo(tmp_path: Path) -> None:
     assert "completed job" in " ".join(out.stdout.split())
 
 
+def test_each_benchmark_command_starts() -> None:
+    # The benchmarks are not run here (NOT_RUN), but each command, as written,
+    # must start from the repository root: --help shows its options
+    (block,) = [b for b in readme.blocks() if _first(b) in NOT_RUN and "bench/" in b.body]
+    commands = [line.split("#")[0].strip() for line in block.body.strip().splitlines()]
+    assert len(commands) == 6
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
+    for command in commands:
+        out = _run_bash(
+            _bash(readme.Block(0, "bash", f"{command} --help", block.line)), env, timeout=120
+        )
+        assert out.returncode == 0, command + out.stderr[-3000:]
+        assert "usage:" in out.stdout, command
+
+
 def test_the_pipeline_example_runs_on_the_embedded_default(tmp_path: Path) -> None:
     (block,) = [b for b in readme.blocks() if _first(b) == "chorus local --example pipeline"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
