@@ -30,11 +30,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from orchestrator.errors import ConfigurationError
+from schemas.specs import NAME_PATTERN
 
 __all__ = ["ALIAS_PATTERN", "MAX_ALIAS", "alias", "aliases", "check_unique", "hashed"]
 
 #: Tool names every provider accepts (OpenAI, Anthropic, Gemini).
-ALIAS_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+ALIAS_PATTERN = re.compile(NAME_PATTERN)
 MAX_ALIAS = 64
 _ILLEGAL = re.compile(r"[^a-zA-Z0-9_-]")
 _HASH_CHARS = 8

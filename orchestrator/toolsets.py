@@ -38,12 +38,12 @@ from orchestrator.schematools import parameters_validator
 from orchestrator.specs import url_has_credentials
 from orchestrator.tools import Tool, ToolContext, run_with_timeout
 from schemas import ToolSpec
-from schemas.specs import TOOL_NAME_PATTERN
+from schemas.specs import NAME_PATTERN, TOOL_NAME_PATTERN
 
 log = logging.getLogger(__name__)
 
 #: A server's name: the namespace of its tools.
-SERVER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+SERVER_NAME = re.compile(NAME_PATTERN)
 
 #: Seconds a ``tools/call`` may take beyond connecting and the server's
 #: timeout, for the client to close its connection, before it is given up.
