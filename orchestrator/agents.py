@@ -8,9 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import registry
-from orchestrator.engine.output import FINAL_ANSWER
-from orchestrator.engine.outputs import READ_TOOL_OUTPUT, reads_outputs
-from orchestrator.engine.planning import PLAN_TOOL
+from orchestrator.engine.access import builtin_names
 from orchestrator.errors import invalid
 from orchestrator.specs import check_spec
 from orchestrator.toolnames import check_unique
@@ -140,14 +138,9 @@ def offered_names(spec: AgentSpec) -> list[str]:
     """The names of every tool the agent's model is offered: its tools, one
     ``subagent__X`` per subagent and ``handoff__X`` per handoff target, and
     the built-in tools it asked for or needs."""
-    final = [FINAL_ANSWER] if spec.output_schema is not None else []
-    plan = [PLAN_TOOL] if spec.planning else []
-    read = [READ_TOOL_OUTPUT] if reads_outputs(spec) else []
     return [
         *spec.tools,
         *(f"{SUBAGENT_PREFIX}{a}" for a in spec.subagents),
         *(f"{HANDOFF_PREFIX}{a}" for a in spec.handoffs),
-        *plan,
-        *read,
-        *final,
+        *builtin_names(spec),
     ]

@@ -21,17 +21,23 @@ from schemas import AgentSpec
 from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
 
 
+def builtin_names(spec: AgentSpec) -> list[str]:
+    """The built-in tools the agent is offered: ``manage_todo_list`` when it
+    plans, ``read_tool_output`` when it has tools or servers, and
+    ``final_answer`` when it has an output schema."""
+    plan = [PLAN_TOOL] if spec.planning else []
+    read = [READ_TOOL_OUTPUT] if reads_outputs(spec) else []
+    final = [FINAL_ANSWER] if spec.output_schema is not None else []
+    return [*plan, *read, *final]
+
+
 def may_call(spec: AgentSpec, tool: str) -> bool:
-    if tool == READ_TOOL_OUTPUT:
-        return reads_outputs(spec)
+    if tool in builtin_names(spec):
+        return True
     if is_subagent_call(tool):
         return tool.removeprefix(SUBAGENT_PREFIX) in spec.subagents
     if is_handoff_call(tool):
         return tool.removeprefix(HANDOFF_PREFIX) in spec.handoffs
-    if tool == FINAL_ANSWER and spec.output_schema is not None:
-        return True
-    if tool == PLAN_TOOL and spec.planning:
-        return True
     server, dot, _ = tool.partition(".")
     return tool in spec.tools or (bool(dot) and server in spec.toolsets)
 
