@@ -29,7 +29,7 @@ from jsonschema.protocols import Validator
 
 from orchestrator import registry
 from orchestrator.errors import ConfigurationError, InvalidRequestError
-from orchestrator.tools import Tool, ToolContext, qualified, tool_spec
+from orchestrator.tools import Tool, context_params, qualified, tool_spec
 
 __all__ = ["Arguments", "schema_tool", "tool_catalog"]
 
@@ -79,18 +79,6 @@ def check_arguments(validator: Validator, params: dict[str, Any], tool: str) -> 
         f"invalid arguments for tool {tool!r}: {detail}{more}",
         list(dict.fromkeys(e.json_path for e in shown)),
     )
-
-
-def _context_param(fn: Callable[..., Any]) -> str | None:
-    """The parameter of ``fn`` annotated :class:`ToolContext`, if any."""
-    try:
-        signature = inspect.signature(fn, eval_str=True)
-    except Exception:  # unresolvable annotations: read them as written
-        signature = inspect.signature(fn)
-    for param in signature.parameters.values():
-        if param.annotation in (ToolContext, "ToolContext"):
-            return param.name
-    return None
 
 
 def _first_param(fn: Callable[..., Any], name: str, skip: str | None) -> str:
@@ -149,7 +137,7 @@ def schema_tool(
         queue=queue,
         timeout=timeout,
     )
-    context_param = _context_param(fn)
+    context_param = next(iter(context_params(fn)), None)
     whole = _first_param(fn, full, context_param) if arguments == "dict" else None
 
     def validated(params: dict[str, Any]) -> dict[str, Any]:

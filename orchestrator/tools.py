@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any
 
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
@@ -139,6 +139,20 @@ async def _await(value: Any) -> Any:
     return await value
 
 
+def context_params(fn: Callable[..., Any]) -> list[str]:
+    """The parameters of ``fn`` annotated :class:`ToolContext` (they receive
+    the call's context and are not offered to the model)."""
+    try:
+        signature = inspect.signature(fn, eval_str=True)
+    except Exception:  # unresolvable annotations: read them as written
+        signature = inspect.signature(fn)
+    return [
+        p.name
+        for p in signature.parameters.values()
+        if p.annotation in (ToolContext, "ToolContext")
+    ]
+
+
 def qualified(name: str, namespace: str | None) -> str:
     """A tool's registered name: ``<namespace>.<name>``, or ``name`` alone."""
     return name if namespace is None else f"{namespace}.{name}"
@@ -182,9 +196,8 @@ def tool(
     """
 
     def decorate(f: Callable[..., Any]) -> Tool:
-        hints = get_type_hints(f)
-        ctx_params = {p for p, h in hints.items() if h is ToolContext}
-        params_model, schema = build_params(f, skip=ctx_params)
+        ctx_params = context_params(f)
+        params_model, schema = build_params(f, skip=set(ctx_params))
         spec = tool_spec(
             name or f.__name__,
             namespace,
