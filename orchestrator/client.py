@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy import bindparam
 from sqlmodel import col, select
 
 from orchestrator import registry
@@ -27,13 +28,20 @@ from orchestrator.errors import (
     ToolOutputNotFound,
     invalid,
 )
-from orchestrator.events import committed_horizon, row_to_event, snapshot_bound, visible_below
+from orchestrator.events import (
+    ENTRY_EVENT,
+    committed_horizon,
+    row_to_event,
+    snapshot_bound,
+    visible_below,
+)
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.tables import Conversation, EventRow, Turn
 from orchestrator.store.values import check, problem
 from orchestrator.streams import StreamReader, Subscription
+from orchestrator.turn_ends import TurnEnds
 from schemas import (
     TERMINAL_TURN_EVENTS,
     AgentSpec,
@@ -72,6 +80,11 @@ class Client:
         registry.load_modules(self.settings.modules)
         self.runtime = Runtime(self.settings)
         self.celery = make_celery(self.settings, main="chorus-client")
+
+    @cached_property
+    def ends(self) -> TurnEnds:
+        """The one checker in Postgres of the turns this client's waiters wait for."""
+        return TurnEnds(self.runtime)
 
     @cached_property
     def streams(self) -> StreamReader:
@@ -238,6 +251,8 @@ class Client:
     def close(self) -> None:
         if "streams" in self.__dict__:
             self.streams.close()
+        if "ends" in self.__dict__:
+            self.ends.close()
         self.celery.close()
 
 
@@ -264,9 +279,8 @@ class Job:
     def status(self) -> JobStatus:
         """Where the job stands; ``agent`` is the agent holding its turn (the
         last handoff's target, once its agent handed off)."""
-        with self._client.runtime.session() as session:
-            turn = session.get(Turn, self.id)
-            assert turn is not None
+        with self._client.runtime.autocommit() as session:
+            turn = session.connection().execute(_STATUS, {"id": self.id}).one()
             return JobStatus(
                 job_id=turn.id,
                 conversation_id=turn.conversation_id,
@@ -345,6 +359,35 @@ def _rest(job: Job, correlation_id: str, after: int, waiter: _Waiter) -> list[Ev
     return _stored(job, correlation_id, after)
 
 
+_TURN = Turn.__table__  # type: ignore[attr-defined]
+#: What :meth:`Job.status` reads, built once (its cache key is memoized) and
+#: run as Core: the columns it shows, not the whole ORM row.
+_STATUS = select(
+    *(
+        _TURN.c[name]
+        for name in (
+            "id",
+            "conversation_id",
+            "root_id",
+            "agent",
+            "status",
+            "steps",
+            "output",
+            "structured",
+            "error",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "tree_input_tokens",
+            "tree_output_tokens",
+            "tree_cost_usd",
+        )
+    )
+).where(_TURN.c.id == bindparam("id"))
+#: The events that end a turn, by the name their stream entries carry.
+_TERMINAL_NAMES = frozenset(name.value for name in TERMINAL_TURN_EVENTS)
+
+
 def _is_end(job: Job, event: Event) -> bool:
     return (
         event.turn_id == job.id
@@ -398,21 +441,32 @@ class _Waiter:
                 self.poll = min(QUIET_POLL_MAX, self.poll * 2)
             return None
         self.poll = QUIET_POLL
-        return [Event.model_validate_json(fields["e"]) for _, fields in entries]
+        return [Event.model_validate_json(fields[ENTRY_EVENT]) for _, fields in entries]
 
 
 def _wait_end(job: Job, timeout: float | None) -> JobStatus:
     """Wait for the turn to end: the shared reader wakes this waiter on the
-    turn's terminal event; Postgres is read then and after quiet periods."""
+    turn's terminal event (only terminal entries reach it, and only those
+    are parsed), the client's :class:`TurnEnds` when Postgres shows it
+    finished (a publish was lost); the job's status is read then. Should
+    that checker be down, the waiter reads it itself after
+    ``QUIET_POLL_MAX`` quiet seconds."""
     waiter = _Waiter(job, timeout)
-    with job._client.streams.subscribe(_stream(job)) as subscription:
+    client = job._client
+    with (
+        client.streams.subscribe(_stream(job), _TERMINAL_NAMES) as subscription,
+        client.ends.watch(job.id, subscription.wake),
+    ):
         while True:
             status = job.status()
             if status.status.finished:
                 return status
             while True:
-                events = waiter.wait(subscription)
-                if events is None or any(_is_end(job, e) for e in events):
+                entries = subscription.wait(waiter.remaining(QUIET_POLL_MAX))
+                if not entries or any(
+                    _is_end(job, Event.model_validate_json(fields[ENTRY_EVENT]))
+                    for _, fields in entries
+                ):
                     break
 
 

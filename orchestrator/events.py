@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.typing import EncodableT, FieldT
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
@@ -290,7 +291,7 @@ class Outbox:
             for event in self.events:
                 pipe.xadd(
                     events_stream(prefix, event.root_id),
-                    {"e": event.model_dump_json()},
+                    stream_entry(event),
                     maxlen=maxlen,
                     approximate=True,
                 )
@@ -300,12 +301,25 @@ class Outbox:
         self.events.clear()
 
 
+#: Field of a stream entry holding the event as JSON.
+ENTRY_EVENT = "e"
+#: Field of a stream entry naming the event, so that a reader that wants
+#: only some events (``result()`` waits for a turn's end) skips the others
+#: without parsing them.
+ENTRY_NAME = "n"
+
+
+def stream_entry(event: Event) -> dict[FieldT, EncodableT]:
+    """The fields of ``event``'s live stream entry."""
+    return {ENTRY_EVENT: event.model_dump_json(), ENTRY_NAME: event.name.value}
+
+
 def publish_live(client: redis.Redis, prefix: str, maxlen: int, event: Event) -> None:
     """Publish a live-only event (a delta); lost deltas cost nothing durable."""
     try:
         client.xadd(
             events_stream(prefix, event.root_id),
-            {"e": event.model_dump_json()},
+            stream_entry(event),
             maxlen=maxlen,
             approximate=True,
         )

@@ -26,6 +26,8 @@ from typing import Any
 
 import redis
 
+from orchestrator.events import ENTRY_NAME
+
 log = logging.getLogger(__name__)
 
 #: One stream entry: its id and fields.
@@ -37,27 +39,54 @@ Entry = tuple[str, dict[str, str]]
 BLOCK_MS = 250
 #: Pause after a Redis error before the reader tries again.
 ERROR_PAUSE = 1.0
+#: Pause after a read that returned entries, so that the next one gathers
+#: what arrives meanwhile: each XREAD names every followed stream (its
+#: cost grows with the waiters), so while entries keep coming one read
+#: per pause instead of one per entry. A live entry waits at most this long.
+GATHER = 0.02
 
 
 class Subscription:
-    """The entries of one stream since this subscription started."""
+    """The entries of one stream since this subscription started.
 
-    def __init__(self) -> None:
+    Args:
+        names: if given, only entries of events so named (by the entry's
+            ``n`` field) are kept and wake the waiter; the others are dropped
+            unparsed. An entry without that field is kept.
+    """
+
+    def __init__(self, names: frozenset[str] | None = None) -> None:
+        self._names = names
         self._entries: list[Entry] = []
+        self._woken = False
         self._ready = threading.Condition()
 
     def _push(self, entries: list[Entry]) -> None:
+        if self._names is not None:
+            names = self._names
+            entries = [
+                e for e in entries if e[1].get(ENTRY_NAME, "") in names or ENTRY_NAME not in e[1]
+            ]
+            if not entries:
+                return
         with self._ready:
             self._entries.extend(entries)
             self._ready.notify_all()
 
+    def wake(self) -> None:
+        """End the current (or next) :meth:`wait` now, even without entries:
+        something other than the stream says the waiter should look."""
+        with self._ready:
+            self._woken = True
+            self._ready.notify_all()
+
     def wait(self, timeout: float) -> list[Entry]:
         """The entries that arrived since the last call, waiting up to
-        ``timeout`` seconds for one; empty when none came."""
+        ``timeout`` seconds for one (or a :meth:`wake`); empty when none came."""
         with self._ready:
-            if not self._entries:
+            if not self._entries and not self._woken:
                 self._ready.wait(max(0.0, timeout))
-            entries, self._entries = self._entries, []
+            entries, self._entries, self._woken = self._entries, [], False
             return entries
 
 
@@ -87,9 +116,10 @@ class StreamReader:
         )
 
     @contextmanager
-    def subscribe(self, stream: str) -> Iterator[Subscription]:
-        """Follow ``stream`` from its current end while the block runs."""
-        subscription = Subscription()
+    def subscribe(self, stream: str, names: frozenset[str] | None = None) -> Iterator[Subscription]:
+        """Follow ``stream`` from its current end while the block runs
+        (only the events called ``names``, if given)."""
+        subscription = Subscription(names)
         tail = self._tail(stream)  # outside the lock: a Redis round trip
         with self._lock:
             # A stream already followed keeps its (earlier) cursor: the new
@@ -142,7 +172,9 @@ class StreamReader:
                     log.warning("live event reader: %s; retrying", exc)
                     time.sleep(ERROR_PAUSE)
                     continue
-                self._deliver(reply or [])
+                if reply:
+                    self._deliver(reply)
+                    time.sleep(GATHER)
         finally:
             reader.close()
 

@@ -1,0 +1,114 @@
+"""Which of the turns a client's ``result()`` waiters wait for have ended.
+
+A waiter wakes on its turn's terminal event from the live stream. A publish
+lost between commit and Redis would leave it asleep, so Postgres is also
+read after quiet periods; one read per waiter per period would cost a
+client with hundreds of waiters hundreds of reads a second. Instead one
+background thread asks, every :data:`EVERY` seconds, which of ALL the
+waited-on turns have finished (one statement), and wakes those waiters.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import bindparam, select
+
+from orchestrator.runtime import Runtime
+from orchestrator.store.tables import Turn
+from schemas import TurnStatus
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two checks: the longest a lost publish delays a result.
+EVERY = 1.0
+#: Turns named in one statement.
+CHUNK = 500
+
+_TURN = Turn.__table__  # type: ignore[attr-defined]
+#: Built once: its cache key is memoized, so each run skips construction.
+_ENDED = select(_TURN.c.id).where(
+    _TURN.c.id.in_(bindparam("ids", expanding=True)),
+    _TURN.c.status != TurnStatus.RUNNING.value,
+)
+
+
+class TurnEnds:
+    """Checks the watched turns in Postgres on one background thread.
+
+    Args:
+        runtime: the client's runtime (its database).
+        every: seconds between checks.
+    """
+
+    def __init__(self, runtime: Runtime, every: float = EVERY) -> None:
+        self._runtime = runtime
+        self._every = every
+        self._lock = threading.Condition()
+        self._watched: dict[str, set[Callable[[], None]]] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @contextmanager
+    def watch(self, turn_id: str, wake: Callable[[], None]) -> Iterator[None]:
+        """Call ``wake`` (from the checking thread) once a check finds the
+        turn finished, while the block runs."""
+        with self._lock:
+            self._watched.setdefault(turn_id, set()).add(wake)
+            if self._thread is None or not self._thread.is_alive():
+                self._closed = False
+                self._thread = threading.Thread(
+                    target=self._run, name="chorus-turn-ends", daemon=True
+                )
+                self._thread.start()
+            self._lock.notify_all()
+        try:
+            yield
+        finally:
+            with self._lock:
+                wakes = self._watched.get(turn_id)
+                if wakes is not None:
+                    wakes.discard(wake)
+                    if not wakes:
+                        del self._watched[turn_id]
+
+    def close(self) -> None:
+        """Stop the checking thread (waiters then read Postgres themselves)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=self._every * 4)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._watched and not self._closed:
+                    self._lock.wait()
+                if not self._closed:
+                    self._lock.wait(self._every)
+                if self._closed:
+                    return
+                ids = list(self._watched)
+            try:
+                ended = self._ended(ids)
+            except Exception as exc:  # the waiters still read on their own
+                log.warning("checking turn ends: %s; retrying", exc)
+                continue
+            with self._lock:
+                wakes = [w for turn_id in ended for w in self._watched.get(turn_id, ())]
+            for wake in wakes:
+                wake()
+
+    def _ended(self, ids: list[str]) -> list[str]:
+        ended: list[str] = []
+        with self._runtime.autocommit() as session:
+            connection = session.connection()
+            for start in range(0, len(ids), CHUNK):
+                rows = connection.execute(_ENDED, {"ids": ids[start : start + CHUNK]})
+                ended.extend(row[0] for row in rows)
+        return ended
