@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import String, any_, bindparam, select
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Turn
@@ -29,11 +30,15 @@ EVERY = 1.0
 CHUNK = 500
 
 _TURN = Turn.__table__  # type: ignore[attr-defined]
-#: Built once: its cache key is memoized, so each run skips construction.
-_ENDED = select(_TURN.c.id).where(
-    _TURN.c.id.in_(bindparam("ids", expanding=True)),
-    _TURN.c.status != TurnStatus.RUNNING.value,
+_FINISHED = _TURN.c.status != TurnStatus.RUNNING.value
+#: Built once (their cache keys are memoized, so each run skips
+#: construction). Postgres: the ids as one array parameter, so the SQL text
+#: is the same whatever their number; an expanding ``IN`` (SQLite) renders
+#: and parses a new statement per count.
+_ENDED_ANY = select(_TURN.c.id).where(
+    _TURN.c.id == any_(bindparam("ids", type_=ARRAY(String))), _FINISHED
 )
+_ENDED_IN = select(_TURN.c.id).where(_TURN.c.id.in_(bindparam("ids", expanding=True)), _FINISHED)
 
 
 class TurnEnds:
@@ -108,7 +113,8 @@ class TurnEnds:
         ended: list[str] = []
         with self._runtime.autocommit() as session:
             connection = session.connection()
+            statement = _ENDED_ANY if connection.dialect.name == "postgresql" else _ENDED_IN
             for start in range(0, len(ids), CHUNK):
-                rows = connection.execute(_ENDED, {"ids": ids[start : start + CHUNK]})
+                rows = connection.execute(statement, {"ids": ids[start : start + CHUNK]})
                 ended.extend(row[0] for row in rows)
         return ended
