@@ -17,7 +17,9 @@ Imported by both workers the bench starts:
   whose step makes the model call Chorus makes, through the same model
   client (:func:`orchestrator.llm.call.complete`, same model, messages and
   tools): ``bench.model_step`` → ``chord(group(tools), bench.model_advance)``
-  → ``bench.model_step`` …, the history carried in the task arguments.
+  (one call: ``chain(bench.tool, bench.model_advance)``, as Chorus sends it)
+  → ``bench.model_step`` …, the history carried in the task arguments;
+  ``bench/throughput.py``'s raw row runs it too.
 
 ``BENCH_PROFILE=<dir>`` makes a worker profile every task it runs with
 cProfile (one profiler per pool thread, enabled between ``task_prerun`` and
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from celery import Celery, chord, group
+from celery import Celery, chain, chord, group
 from celery.signals import (
     task_postrun,
     task_prerun,
@@ -165,7 +167,8 @@ def raw_model_step(
     run_id: str, model: str, settings: dict[str, Any], messages: list[dict[str, Any]]
 ) -> None:
     """The raw step with Chorus's model call: the same ``complete`` on the
-    same model, then a chord of the tools it asked for, or the end of the turn."""
+    same model, then a chord of the tools it asked for (one call: a chain,
+    as Chorus sends it), or the end of the turn."""
     reply = complete(model, messages, [tool_to_openai(bench_noop.spec)], settings)
     if not reply.tool_calls:
         prefix = app.conf.broker_transport_options["global_keyprefix"].rstrip(":")
@@ -184,19 +187,26 @@ def raw_model_step(
         {"role": "assistant", "content": reply.text or None, "tool_calls": calls},
     ]
     tools = [raw_tool.si(c.params.get("i", 0)) for c in reply.tool_calls]
-    chord(group(tools), raw_model_advance.s(run_id, model, settings, messages)).apply_async()
+    advance = raw_model_advance.s(run_id, model, settings, messages)
+    if len(tools) == 1:  # as Chorus sends one call: a chain, no stored result
+        chain(tools[0].set(ignore_result=True), advance).apply_async()
+    else:
+        chord(group(tools), advance).apply_async()
 
 
 @app.task(name="bench.model_advance", ignore_result=True, shared=False)
 def raw_model_advance(
-    results: list[Any],
+    results: list[Any] | Any,
     run_id: str,
     model: str,
     settings: dict[str, Any],
     messages: list[dict[str, Any]],
 ) -> None:
-    """The chord callback: the tool results as tool messages, then the next step."""
+    """The chord callback (or the chain's next link: one call's result):
+    the tool results as tool messages, then the next step."""
     calls = messages[-1]["tool_calls"]
+    if len(calls) == 1:  # a chain passed the one result as it is
+        results = [results]
     tool_messages = [
         {
             "role": "tool",

@@ -5,7 +5,7 @@ What is measured
 A loopback OpenAI-compatible server (``bench/loopback_server.py``, its own
 process, asyncio) answers every request after ``--latency`` seconds
 (default 0.5). A turn is model → 1 tool → model: the server asks for one
-call of the no-op tool, then answers text. Three rows, one after the other
+call of the no-op tool, then answers text. Four rows, one after the other
 in the same run, each counted at the server over a steady-state window
 (``--window`` seconds after ``--ramp`` seconds of warm-up), so every row
 counts model calls the same way:
@@ -14,6 +14,15 @@ counts model calls the same way:
   ``--load-threads`` threads (default 100), each thread running turns in a
   loop with ``chat.completions.create(stream=True)`` (``bench/throughput_load.py``);
 - **litellm alone**: the same with ``litellm.completion(stream=True)``;
+- **raw Celery**: the floor Celery itself sets, with no database: the
+  turn as plain Celery tasks (``bench/step_overhead_tasks.py``'s
+  ``bench.model_step`` → ``chain(bench.tool, bench.model_advance)`` →
+  ``bench.model_step``, the history in the task arguments) making the model
+  call Chorus makes (:func:`orchestrator.llm.call.complete`, same model,
+  messages and tool), on the same Celery configuration and the same worker
+  layout, ``--in-flight`` turns in flight from this process (a thread per
+  turn slot sends the first task and waits on a Redis list the last one
+  pushes to);
 - **Chorus**: ``--in-flight`` turns (default 200) in flight at all times,
   all submitted and awaited from this one process (one ``Client``; a thread
   per turn slot: ``submit`` then ``result()``, again), on real ``chorus
@@ -25,18 +34,20 @@ counts model calls the same way:
   server's ``api_base``; its API key is a dummy ``OPENAI_API_KEY`` in the
   workers' environment.
 
-The Chorus row's window opens once ``--in-flight`` turns have finished
-(every turn slot went through its first-use costs once; at most 90 s).
-Printed: model calls/s of each row, the ratios Chorus / litellm (target
->= 1.0) and Chorus / SDK (stretch >= 0.5), and CPU ms per model call: of the
-row's processes (load processes, or the Chorus workers), of this client
-process (Chorus), of the server, and of the whole machine (every process:
-Postgres, Redis, other load). For Chorus also the turns finished in the
-window, their median latency (Little's law: in flight / latency = turns/s),
-the peak Postgres connections of the bench database and Redis clients, and
-the limits that were hit (pool timeouts, too many connections) from the
-worker logs. Redis is ``CHORUS_REDIS_URL`` (default
-``redis://127.0.0.1:6379/0``) under a fresh prefix deleted at the end;
+The raw Celery and Chorus rows' windows open once ``--in-flight`` turns
+have finished (every turn slot went through its first-use costs once; at
+most 90 s). Printed: model calls/s of each row, the ratios Chorus / litellm (target
+>= 1.0) and Chorus / SDK (stretch >= 0.5), raw Celery / litellm (the best
+Chorus could do on Celery) and Chorus / raw Celery, and CPU ms per model
+call: of the row's processes (load processes, or the workers), of this
+client process (raw Celery, Chorus), of the server, and of the whole
+machine (every process: Postgres, Redis, other load). For raw Celery and
+Chorus also the turns finished in the window, their median latency
+(Little's law: in flight / latency = turns/s) and the limits that were
+hit (pool timeouts, too many connections) from the worker logs; for Chorus
+the peak Postgres connections of the bench database and Redis clients.
+Redis is ``CHORUS_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``) under
+a fresh prefix deleted at the end;
 Postgres is ``CHORUS_DATABASE_URL`` or a database created on
 ``--admin-url`` and dropped at the end.
 
@@ -44,6 +55,7 @@ Run from the repo root::
 
     .venv/bin/python bench/throughput.py
     .venv/bin/python bench/throughput.py --rows chorus --in-flight 400 --concurrency 200
+    .venv/bin/python bench/throughput.py --rows litellm,raw
     .venv/bin/python bench/throughput.py --rows chorus --py-spy "$(command -v py-spy)"
 """
 
@@ -59,8 +71,9 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,15 +104,24 @@ from bench._harness import (  # noqa: E402
 from bench.loopback_agent import (  # noqa: E402
     BASE_ENV,
     LOOPBACK_AGENT,
+    LOOPBACK_MODEL,
     expected_answer,
     job_input,
     register,
 )
 
 TASKS_MODULE = "bench.loopback_agent"
-ROWS = ("sdk", "litellm", "chorus")
-TITLES = {"sdk": "openai SDK alone", "litellm": "litellm alone", "chorus": "Chorus"}
-#: Longest wait for the Chorus row's first turns before its window.
+RAW_TASKS_MODULE = "bench.step_overhead_tasks"
+ROWS = ("sdk", "litellm", "raw", "chorus")
+TITLES = {
+    "sdk": "openai SDK alone",
+    "litellm": "litellm alone",
+    "raw": "raw Celery",
+    "chorus": "Chorus",
+}
+#: Rows whose turns are sent and awaited from this process.
+CLIENT_ROWS = ("raw", "chorus")
+#: Longest wait for the Chorus (raw) row's first turns before its window.
 MAX_RAMP = 90.0
 #: How long the Chorus turns may take to finish after the window.
 CLOSE_SECONDS = 30.0
@@ -118,7 +140,7 @@ LIMITS = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     cores = os.cpu_count() or 1
-    p.add_argument("--rows", default=",".join(ROWS), help="rows to run, of sdk,litellm,chorus")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"rows to run, of {','.join(ROWS)}")
     p.add_argument("--latency", type=float, default=0.5, help="model latency, s (default 0.5)")
     p.add_argument(
         "--ramp",
@@ -129,7 +151,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=20.0, help="measured s of each row")
     p.add_argument("--load-processes", type=int, default=2, help="processes of the alone rows")
     p.add_argument("--load-threads", type=int, default=100, help="threads per load process")
-    p.add_argument("--in-flight", type=int, default=200, help="Chorus turns in flight")
+    p.add_argument(
+        "--in-flight", type=int, default=200, help="turns in flight (raw Celery, Chorus)"
+    )
     p.add_argument(
         "--llm-workers", type=int, default=cores, help=f"llm worker processes (default {cores})"
     )
@@ -138,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tools-pool", default="threads", help="pool of the tools,control worker")
     p.add_argument("--tools-concurrency", type=int, default=32, help="its slots")
     p.add_argument("--admin-url", default=DEFAULT_ADMIN, help="Postgres to create the DB on")
-    p.add_argument("--turn-timeout", type=float, default=120.0, help="seconds per Chorus turn")
+    p.add_argument("--turn-timeout", type=float, default=120.0, help="seconds per turn")
     p.add_argument("--loglevel", default="WARNING", help="worker log level")
     p.add_argument("--py-spy", metavar="BIN", help="sample the Chorus workers in the window")
     p.add_argument("--profile-top", type=int, default=25, help="rows of each py-spy table")
@@ -256,12 +280,11 @@ def wait_for_line(worker: Worker, text: str, timeout: float) -> None:
 
 @dataclass
 class Turns:
-    """The Chorus client side: ``in_flight`` threads, each submitting a turn
-    and waiting for its result, again, until stopped."""
+    """The client side of a row: ``in_flight`` threads, each running a turn
+    (``turn``: start it, wait for its answer) again, until stopped."""
 
-    client: Any
+    turn: Callable[[], str]
     in_flight: int
-    timeout: float
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     finished: list[tuple[float, float]] = field(default_factory=list)  # (end, latency)
@@ -279,8 +302,7 @@ class Turns:
         while not self.stop.is_set():
             began = time.monotonic()
             try:
-                job = self.client.submit(LOOPBACK_AGENT, job_input(1, 1))
-                answer = job.result(timeout=self.timeout)
+                answer = self.turn()
                 if answer != expected:
                     raise RuntimeError(f"answered {answer!r}, expected {expected!r}")
             except Exception as exc:  # counted and reported; the loop goes on
@@ -348,6 +370,109 @@ def peaks(db_url: str, admin_url: str, redis_url: str) -> Iterator[dict[str, int
         thread.join(10)
 
 
+def start_workers(
+    stack: ExitStack,
+    command: list[str],
+    label: str,
+    env: dict[str, str],
+    run_id: str,
+    args: argparse.Namespace,
+    workdir: Path,
+) -> tuple[list[Worker], list[str]]:
+    """The worker layout of the rows with workers: ``--llm-workers``
+    processes on ``llm``, one on ``tools,control``, each started as
+    ``command`` plus its options; the workers and their node names."""
+    layout: list[tuple[str, list[str]]] = [
+        (f"llm{i}", ["-Q", "llm", "-P", args.pool, "-c", str(args.concurrency)])
+        for i in range(args.llm_workers)
+    ]
+    layout.append(
+        ("tools", ["-Q", "tools,control", "-P", args.tools_pool, "-c", str(args.tools_concurrency)])
+    )
+    host = socket.gethostname()
+    workers, nodes = [], []
+    for name, options in layout:
+        node = f"bench-tp-{label}{name}-{run_id}"
+        cmd = [*command, *options, "-l", args.loglevel, "-n", f"{node}@%h"]
+        log = workdir / f"{label}{name}.log"
+        workers.append(stack.enter_context(worker_process(f"{label}{name}", cmd, env, log)))
+        nodes.append(f"{node}@{host}")
+    return workers, nodes
+
+
+def turns_window(
+    key: str,
+    turns: Turns,
+    server: ModelServer,
+    workers: list[Worker],
+    args: argparse.Namespace,
+    during: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> Row:
+    """Start the turns; once ``--in-flight`` have finished, measure the
+    window (inside ``during``) and note the turns' latency and failures."""
+    turns.start()
+    ramp = turns.settle(args.in_flight, args.ramp, MAX_RAMP)
+    print(f"{key} ramp: {ramp:.1f} s until {args.in_flight} turns had finished", flush=True)
+    with during():
+        window_start = time.monotonic()
+        row = measure(TITLES[key], server, workers, args, ramp=0.0)
+        window_end = time.monotonic()
+    latencies = turns.between(window_start, window_end)
+    if latencies:
+        row.notes.append(
+            f"{args.in_flight} turns in flight, {len(latencies)} finished in the window, "
+            f"median turn {statistics.median(latencies):.2f} s "
+            f"(2 model calls of {args.latency} s each)"
+        )
+    if turns.errors:
+        row.notes.append(f"{len(turns.errors)} failed turns, e.g. {turns.errors[0][:200]}")
+    return row
+
+
+def raw_row(
+    server: ModelServer, env: dict[str, str], args: argparse.Namespace, workdir: Path, run_id: str
+) -> Row:
+    """The turn as plain Celery tasks with Chorus's model call, no database:
+    ``in_flight`` turns from this process, on the same worker layout."""
+    import redis
+
+    import bench.step_overhead_tasks as tasks
+    from bench.step_overhead import wait_done
+
+    celery = str(Path(sys.executable).parent / "celery")
+    with ExitStack() as stack:
+        command = [celery, "-A", RAW_TASKS_MODULE, "worker"]
+        workers, nodes = start_workers(stack, command, "raw-", env, run_id, args, workdir)
+        began = time.monotonic()
+        for worker, node in zip(workers, nodes, strict=True):
+            wait_ready(tasks.app, worker, node=node)
+        print(f"raw Celery workers ready in {time.monotonic() - began:.1f}s", flush=True)
+
+        trouble = stack.enter_context(client_trouble())
+        # a connection per waiting turn slot: each blocks on its own list
+        pool = redis.BlockingConnectionPool.from_url(
+            tasks.app.conf.broker_url, max_connections=args.in_flight + 4, timeout=None
+        )
+        waiter = redis.Redis(connection_pool=pool)
+        stack.callback(waiter.close)
+        prefix = tasks.app.conf.broker_transport_options["global_keyprefix"].rstrip(":")
+        settings = {"api_base": server.base_url}
+        messages = tasks.first_messages(job_input(1, 1))
+
+        def turn() -> str:
+            turn_id = uuid.uuid4().hex
+            tasks.raw_model_step.apply_async((turn_id, LOOPBACK_MODEL, settings, messages))
+            return wait_done(waiter, tasks.done_key(prefix, turn_id), args.turn_timeout)
+
+        turns = Turns(turn, args.in_flight)
+        stack.callback(turns.close, CLOSE_SECONDS)
+        row = turns_window("raw", turns, server, workers, args)
+        row.notes.extend(limits_hit(workers))
+        for what, count in trouble.items():
+            row.notes.append(f"client process: {count} x {what}")
+        return row
+
+
 def chorus_row(
     server: ModelServer,
     env: dict[str, str],
@@ -358,28 +483,9 @@ def chorus_row(
     workdir: Path,
 ) -> Row:
     """Chorus on real workers: ``in_flight`` turns from this one client."""
-    bindir = Path(sys.executable).parent
-    host = socket.gethostname()
+    chorus = str(Path(sys.executable).parent / "chorus")
     with ExitStack() as stack:
-        layout: list[tuple[str, list[str]]] = [
-            (f"llm{i}", ["-Q", "llm", "-P", args.pool, "-c", str(args.concurrency)])
-            for i in range(args.llm_workers)
-        ]
-        layout.append(
-            (
-                "tools",
-                ["-Q", "tools,control", "-P", args.tools_pool, "-c", str(args.tools_concurrency)],
-            )
-        )
-        workers, nodes = [], []
-        for name, options in layout:
-            node = f"bench-tp-{name}-{run_id}"
-            cmd = [str(bindir / "chorus"), "worker", *options, "-l", args.loglevel]
-            cmd += ["-n", f"{node}@%h"]
-            workers.append(
-                stack.enter_context(worker_process(name, cmd, env, workdir / f"{name}.log"))
-            )
-            nodes.append(f"{node}@{host}")
+        workers, nodes = start_workers(stack, [chorus, "worker"], "", env, run_id, args, workdir)
 
         from orchestrator import Client
         from orchestrator.settings import load_settings
@@ -392,30 +498,26 @@ def chorus_row(
         print(f"chorus workers ready in {time.monotonic() - began:.1f}s", flush=True)
 
         trouble = stack.enter_context(client_trouble())
-        turns = Turns(client, args.in_flight, args.turn_timeout)
+
+        def turn() -> str:
+            job = client.submit(LOOPBACK_AGENT, job_input(1, 1))
+            return str(job.result(timeout=args.turn_timeout))
+
+        turns = Turns(turn, args.in_flight)
         stack.callback(turns.close, CLOSE_SECONDS)
-        turns.start()
-        ramp = turns.settle(args.in_flight, args.ramp, MAX_RAMP)
-        print(
-            f"chorus ramp: {ramp:.1f} s until {args.in_flight} turns had finished",
-            flush=True,
-        )
-        with (
-            peaks(db_url, args.admin_url, redis_url) as peak,
-            py_spy(args.py_spy, workers, workdir) as samples,
-        ):
-            window_start = time.monotonic()
-            row = measure(TITLES["chorus"], server, workers, args, ramp=0.0)
-            window_end = time.monotonic()
-        latencies = turns.between(window_start, window_end)
-        if latencies:
-            row.notes.append(
-                f"{args.in_flight} turns in flight, {len(latencies)} finished in the window, "
-                f"median turn {statistics.median(latencies):.2f} s "
-                f"(2 model calls of {args.latency} s each)"
-            )
-        if turns.errors:
-            row.notes.append(f"{len(turns.errors)} failed turns, e.g. {turns.errors[0][:200]}")
+        probes: dict[str, Any] = {}
+
+        @contextmanager
+        def during() -> Iterator[None]:
+            with (
+                peaks(db_url, args.admin_url, redis_url) as peak,
+                py_spy(args.py_spy, workers, workdir) as samples,
+            ):
+                probes.update(peak=peak, samples=samples)
+                yield
+
+        row = turns_window("chorus", turns, server, workers, args, during)
+        peak = probes["peak"]
         row.notes.append(
             f"peak Postgres connections to the bench db {peak['postgres']} "
             f"(server max_connections shared by everything), Redis clients {peak['redis']}"
@@ -423,7 +525,7 @@ def chorus_row(
         row.notes.extend(limits_hit(workers))
         for what, count in trouble.items():
             row.notes.append(f"client process: {count} x {what}")
-        for name, path in samples.items():
+        for name, path in probes["samples"].items():
             print_py_spy(f"{name} worker", path, max(row.calls, 1), args.profile_top, "call")
         return row
 
@@ -491,7 +593,7 @@ def report(rows: dict[str, Row], args: argparse.Namespace) -> None:
         row = rows.get(key)
         if row is None:
             continue
-        client = f"{row.per_call_ms(row.client_cpu):>6.2f}" if key == "chorus" else f"{'-':>6}"
+        client = f"{row.per_call_ms(row.client_cpu):>6.2f}" if key in CLIENT_ROWS else f"{'-':>6}"
         print(
             f"{row.name:<18} {row.calls:>6} {row.rate:>8.1f}{'':>16}"
             f"{row.per_call_ms(row.group_cpu):>6.2f} {client}"
@@ -506,6 +608,14 @@ def report(rows: dict[str, Row], args: argparse.Namespace) -> None:
         ratio = chorus.rate / other.rate
         verdict = "met" if ratio >= target else "NOT met"
         print(f"ratio Chorus / {other.name}: {ratio:.2f} ({word} >= {target}: {verdict})")
+    raw, litellm = rows.get("raw"), rows.get("litellm")
+    if raw is not None and litellm is not None and litellm.rate:
+        print(
+            f"ratio {raw.name} / {litellm.name}: {raw.rate / litellm.rate:.2f}"
+            " (the floor Celery itself sets: Chorus / litellm cannot do better)"
+        )
+    if chorus is not None and raw is not None and raw.rate:
+        print(f"ratio Chorus / {raw.name}: {chorus.rate / raw.rate:.2f}")
     cores = os.cpu_count() or 1
     for row in rows.values():
         busy = row.machine_cpu / (row.seconds * cores) * 100 if row.seconds else 0.0
@@ -518,7 +628,7 @@ def report(rows: dict[str, Row], args: argparse.Namespace) -> None:
     print(
         f"({os.cpu_count()} cores; model latency {args.latency} s; calls counted at the server"
         f" over a {args.window:.0f} s window after {args.ramp:.0f} s of ramp; procs: the"
-        " row's load\n processes or Chorus workers; machine: every process, other load"
+        " row's load\n processes or workers; machine: every process, other load"
         f" included (1-min load average now {os.getloadavg()[0]:.2f}))"
     )
 
@@ -552,6 +662,14 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             if kind in args.rows:
                 rows[kind] = alone_row(kind, server, env, args, workdir)
                 print(f"{rows[kind].name}: {rows[kind].rate:.1f} calls/s", flush=True)
+        if "raw" in args.rows:
+            raw_prefix = f"chorus-bench-tp-raw-{run_id}"
+            stack.callback(purge_redis, redis_url, [raw_prefix])
+            raw_env = {"CHORUS_REDIS_URL": redis_url, "BENCH_RAW_PREFIX": raw_prefix}
+            env.update(raw_env)
+            os.environ.update(raw_env)  # this process sends the raw tasks
+            rows["raw"] = raw_row(server, env, args, workdir, run_id)
+            print(f"{rows['raw'].name}: {rows['raw'].rate:.1f} calls/s", flush=True)
         if "chorus" in args.rows:
             db_url = stack.enter_context(database(args.admin_url, run_id))
             stack.callback(purge_redis, redis_url, [prefix])
