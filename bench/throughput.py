@@ -612,7 +612,7 @@ def report(rows: dict[str, Row], args: argparse.Namespace) -> None:
     if raw is not None and litellm is not None and litellm.rate:
         print(
             f"ratio {raw.name} / {litellm.name}: {raw.rate / litellm.rate:.2f}"
-            " (the floor Celery itself sets: Chorus / litellm cannot do better)"
+            " (Celery's own floor: about the most Chorus / litellm can reach on Celery)"
         )
     if chorus is not None and raw is not None and raw.rate:
         print(f"ratio Chorus / {raw.name}: {chorus.rate / raw.rate:.2f}")
