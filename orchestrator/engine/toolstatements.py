@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import Table, bindparam, func, select, update
+from sqlalchemy import Table, bindparam, func, select, true, update
 from sqlmodel import Session
 
 from orchestrator.events import ConversationIds, TurnIds
@@ -120,8 +120,10 @@ _CLAIM_JOINED = _CLAIM.returning(*_CALL_COLUMNS, *_TURN_COLUMNS, *_CONVERSATION_
 #: The claim returning the call's columns only (SQLite), then its turn and
 #: conversation read in one statement.
 _CLAIM_CALL = _CLAIM.returning(*_CALL_COLUMNS, _CALL.c.turn_id, _CALL.c.conversation_id)
-_TURN_AND_CONVERSATION = select(*_TURN_COLUMNS, *_CONVERSATION_COLUMNS).where(
-    _TURN.c.id == bindparam("turn_id"), _CONVERSATION.c.id == bindparam("conversation_id")
+_TURN_AND_CONVERSATION = (
+    select(*_TURN_COLUMNS, *_CONVERSATION_COLUMNS)
+    .select_from(_TURN.join(_CONVERSATION, true()))  # two rows by key: one row
+    .where(_TURN.c.id == bindparam("turn_id"), _CONVERSATION.c.id == bindparam("conversation_id"))
 )
 
 #: The call's one result: changes no row if a result is already there.
