@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import Table, bindparam, func, select, true, update
+from sqlalchemy import Table, bindparam, func, literal, select, true, update
 from sqlmodel import Session
 
 from orchestrator.events import ConversationIds, TurnIds
@@ -89,6 +89,9 @@ _CALL_COLUMNS = [_CALL.c[name] for name in ClaimedCall._fields]
 _TURN_COLUMNS = [_TURN.c[name] for name in ClaimedTurn._fields]
 _CONVERSATION_COLUMNS = [_CONVERSATION.c[name] for name in ClaimedConversation._fields]
 _CALL_END = len(_CALL_COLUMNS)
+#: The call has no result yet. The statuses are plain parameters, not an
+#: expanding one (``not_in`` of a tuple): no rewriting of the SQL per run.
+_UNFINISHED = _CALL.c.status.not_in([literal(status) for status in CALL_FINISHED])
 _TURN_END = _CALL_END + len(_TURN_COLUMNS)
 
 #: Mark the call running unless it has its result, its turn has ended, its
@@ -99,7 +102,7 @@ _CLAIM = (
     update(_CALL)
     .where(
         _CALL.c.id == bindparam("call_id"),
-        _CALL.c.status.not_in(CALL_FINISHED),
+        _UNFINISHED,
         ~_CALL.c.tool.startswith(SUBAGENT_PREFIX, autoescape=True),
         _TURN.c.id == _CALL.c.turn_id,
         _TURN.c.status == TurnStatus.RUNNING.value,
@@ -129,7 +132,7 @@ _TURN_AND_CONVERSATION = (
 #: The call's one result: changes no row if a result is already there.
 RESULT = (
     update(_CALL)
-    .where(_CALL.c.id == bindparam("call_id"), _CALL.c.status.not_in(CALL_FINISHED))
+    .where(_CALL.c.id == bindparam("call_id"), _UNFINISHED)
     .values(
         status=bindparam("result_status"),
         result=bindparam("result_value"),
