@@ -7,8 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Update, func, update
-from sqlalchemy.orm import aliased
+from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from orchestrator import registry
@@ -17,6 +16,15 @@ from orchestrator.engine.actions import Action
 from orchestrator.engine.cancel import cancel_watch, stopping
 from orchestrator.engine.outputs import READ_TOOL_OUTPUT, archives, read_output
 from orchestrator.engine.subagents import is_subagent_call, start_child
+from orchestrator.engine.toolstatements import (
+    RESULT,
+    CallFields,
+    Claimed,
+    ConversationFields,
+    TurnFields,
+    claim,
+    result_params,
+)
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.logs import bind
@@ -26,7 +34,6 @@ from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, 
 from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools import STOP_POLL, ToolContext, ToolStopped
 from schemas import AgentSpec, EventName, TurnStatus
-from schemas.specs import SUBAGENT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +43,7 @@ INVALID_ARGUMENTS = "__invalid_arguments__"
 
 
 def _execute(
-    call: ToolCallRow, ctx: ToolContext, should_stop: Callable[[], bool]
+    call: CallFields, ctx: ToolContext, should_stop: Callable[[], bool]
 ) -> tuple[Any, bool]:
     """(result, is_error). Every failure becomes an error result the model sees."""
     try:
@@ -124,7 +131,7 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
         if postgres:  # the result and its events: one statement, one round trip
             _record_completion(started, call, turn, conv, result, is_error, view_chars)
             stored = started.flush_if(
-                session, _result_update(call.id, result, is_error, view_chars)
+                session, RESULT, result_params(call.id, result, is_error, view_chars)
             )
     if not postgres:
         with rt.transaction(started) as (session, outbox):
@@ -135,7 +142,7 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
     return []
 
 
-def _bind(call: ToolCallRow, turn: Turn, conv: Conversation) -> None:
+def _bind(call: CallFields, turn: TurnFields, conv: ConversationFields) -> None:
     """Name the call in this task's log lines."""
     bind(
         conversation_id=conv.id,
@@ -147,50 +154,13 @@ def _bind(call: ToolCallRow, turn: Turn, conv: Conversation) -> None:
     )
 
 
-def _claim(
-    rt: Runtime, call_id: str, task_id: str | None
-) -> tuple[ToolCallRow, Turn, Conversation] | None:
+def _claim(rt: Runtime, call_id: str, task_id: str | None) -> Claimed | None:
     """Mark the call running, unless it has its result, its turn has ended,
     its job is being stopped, or it is a subagent call: one conditional
-    update, so a redelivered copy racing the copy that finishes it cannot
-    turn a finished call back into a running one (and record a second
-    result). Returns the claimed call with its turn and conversation."""
-    job = aliased(Turn)
+    update committed on its own (:func:`orchestrator.engine.toolstatements.claim`).
+    Returns what the task reads of the call, its turn and its conversation."""
     with rt.autocommit() as session:
-        claim = (
-            update(ToolCallRow)
-            .where(
-                col(ToolCallRow.id) == call_id,
-                col(ToolCallRow.status).not_in(CALL_FINISHED),
-                ~col(ToolCallRow.tool).startswith(SUBAGENT_PREFIX, autoescape=True),
-                col(Turn.id) == ToolCallRow.turn_id,
-                col(Turn.status) == TurnStatus.RUNNING.value,
-                col(job.id) == func.coalesce(Turn.job_id, Turn.id),
-                col(job.stop_status).is_(None),
-                col(Conversation.id) == ToolCallRow.conversation_id,
-            )
-            .values(
-                status="running",
-                attempts=col(ToolCallRow.attempts) + 1,
-                started_at=utcnow(),
-                task_id=task_id,
-            )
-            .execution_options(synchronize_session=False)
-        )
-        if returns_joined_rows(session):
-            found = session.execute(claim.returning(ToolCallRow, Turn, Conversation)).first()
-            if found is None:
-                return None
-            call, turn, conv = found
-            return call, turn, conv
-        call = session.execute(claim.returning(ToolCallRow)).scalar_one_or_none()
-        if call is None:
-            return None
-        return (
-            call,
-            session.get_one(Turn, call.turn_id),
-            session.get_one(Conversation, call.conversation_id),
-        )
+        return claim(session, call_id, task_id)
 
 
 def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Action]:
@@ -239,7 +209,7 @@ def _claim_in(session: Session, call_id: str, task_id: str | None) -> ToolCallRo
     ).scalar_one_or_none()
 
 
-def _read(rt: Runtime, conv: Conversation, call: ToolCallRow, limit: int) -> tuple[str, bool]:
+def _read(rt: Runtime, conv: ConversationFields, call: CallFields, limit: int) -> tuple[str, bool]:
     """A ``read_tool_output`` call: (its slice, or its error, and is_error)."""
     try:
         with rt.session() as session:
@@ -248,38 +218,20 @@ def _read(rt: Runtime, conv: Conversation, call: ToolCallRow, limit: int) -> tup
         return f"Error: {exc}", True
 
 
-def _result_update(
-    call_id: str, result: Any, is_error: bool, view_chars: int | None = None
-) -> Update:
-    """The call's one result: changes no row if a result is already there.
-    ``view_chars``: set when the result is archived (the model sees a view)."""
-    return (
-        update(ToolCallRow)
-        .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(CALL_FINISHED))
-        .values(
-            status="failed" if is_error else "completed",
-            result=result,
-            view_chars=view_chars,
-            is_error=is_error,
-            finished_at=utcnow(),
-        )
-    )
-
-
 def _record_result(
-    session: Session, call: ToolCallRow, result: Any, is_error: bool, view_chars: int | None = None
+    session: Session, call: CallFields, result: Any, is_error: bool, view_chars: int | None = None
 ) -> bool:
     """Write the call's one result; False if a result was already there."""
-    written = session.execute(_result_update(call.id, result, is_error, view_chars))
+    written = session.execute(RESULT, result_params(call.id, result, is_error, view_chars))
     return bool(written.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def _store_result(
     session: Session,
     outbox: Outbox,
-    call: ToolCallRow,
-    turn: Turn,
-    conv: Conversation,
+    call: CallFields,
+    turn: TurnFields,
+    conv: ConversationFields,
     result: Any,
     is_error: bool,
     view_chars: int | None = None,
@@ -294,9 +246,9 @@ def _store_result(
 
 def _record_completion(
     outbox: Outbox,
-    call: ToolCallRow,
-    turn: Turn,
-    conv: Conversation,
+    call: CallFields,
+    turn: TurnFields,
+    conv: ConversationFields,
     result: Any,
     is_error: bool,
     view_chars: int | None = None,
