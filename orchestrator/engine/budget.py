@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import update
-from sqlmodel import Session, col, select
+from sqlalchemy import Table, bindparam, select, update
+from sqlmodel import Session
 
 from orchestrator.events import Outbox
 from orchestrator.store.tables import Conversation, Turn, utcnow
@@ -26,7 +26,39 @@ NO_MORE_TOOLS = (
 )
 
 
+_TURNS: Table = Turn.__table__  # type: ignore[attr-defined]
+_CONVERSATIONS: Table = Conversation.__table__  # type: ignore[attr-defined]
+
+#: The job's root conversation row, locked (:func:`lock_job`). Statements
+#: built once, executed with parameters: no statement building and no
+#: cache-key generation per call.
+_LOCK_JOB = (
+    select(_CONVERSATIONS.c.id)
+    .where(
+        _CONVERSATIONS.c.id
+        == select(_TURNS.c.root_id).where(_TURNS.c.id == bindparam("b_job")).scalar_subquery()
+    )
+    .with_for_update()
+)
+
+#: The job's turn's columns that add one model call's usage to its tree
+#: totals (atomic increments); :func:`tree_params` gives their parameters.
+TREE_TOTALS: dict[str, Any] = {
+    "tree_input_tokens": _TURNS.c.tree_input_tokens + bindparam("b_tree_input"),
+    "tree_output_tokens": _TURNS.c.tree_output_tokens + bindparam("b_tree_output"),
+    "tree_cost_usd": _TURNS.c.tree_cost_usd + bindparam("b_tree_cost"),
+    "tree_steps": _TURNS.c.tree_steps + 1,
+    "tree_tool_calls": _TURNS.c.tree_tool_calls + bindparam("b_tree_tool_calls"),
+}
+
+_ROLL_UP = update(_TURNS).where(_TURNS.c.id == bindparam("b_job")).values(TREE_TOTALS)
+
+
 def job_of(session: Session, turn: Turn) -> Turn:
+    """The turn of ``turn``'s job, as ``session`` holds it: ``turn`` itself
+    for a job's own turn in the session, without an identity-map lookup."""
+    if turn.job_id in (None, turn.id) and turn in session:
+        return turn
     job = session.get(Turn, turn.job_id or turn.id)
     assert job is not None
     return job
@@ -76,28 +108,28 @@ def lock_job(session: Session, job_id: str) -> None:
     the two the other way round. Taking the root first everywhere the job's
     turn is written keeps one order. (Events no longer lock the root row:
     see ``orchestrator/events.py``.)"""
-    root = select(Turn.root_id).where(col(Turn.id) == job_id).scalar_subquery()
-    session.execute(select(Conversation.id).where(col(Conversation.id) == root).with_for_update())
+    session.execute(_LOCK_JOB, {"b_job": job_id})
 
 
-def tree_totals(usage: Usage, tool_calls: int) -> dict[str, Any]:
-    """The job's turn's column updates that add one model call's usage and
-    ``tool_calls`` to its tree totals (atomic increments)."""
+def tree_params(usage: Usage, tool_calls: int) -> dict[str, Any]:
+    """The parameters of :data:`TREE_TOTALS` for one model call's usage and
+    the ``tool_calls`` it runs."""
     return {
-        "tree_input_tokens": col(Turn.tree_input_tokens) + usage.input_tokens,
-        "tree_output_tokens": col(Turn.tree_output_tokens) + usage.output_tokens,
-        "tree_cost_usd": col(Turn.tree_cost_usd) + usage.cost_usd,
-        "tree_steps": col(Turn.tree_steps) + 1,
-        "tree_tool_calls": col(Turn.tree_tool_calls) + tool_calls,
+        "b_tree_input": usage.input_tokens,
+        "b_tree_output": usage.output_tokens,
+        "b_tree_cost": usage.cost_usd,
+        "b_tree_tool_calls": tool_calls,
     }
 
 
 def roll_up(session: Session, job_id: str, usage: Usage, tool_calls: int) -> None:
-    """Add one model call's usage to the job's tree totals (atomically)."""
+    """Add one model call's usage to the job's tree totals (atomically).
+
+    A Core update of the table, not of the entity: a turn object the
+    session holds keeps the totals it was loaded with (nothing reads them
+    after a roll-up), and no ORM bookkeeping runs per call."""
     lock_job(session, job_id)
-    session.execute(
-        update(Turn).where(col(Turn.id) == job_id).values(**tree_totals(usage, tool_calls))
-    )
+    session.execute(_ROLL_UP, {"b_job": job_id, **tree_params(usage, tool_calls)})
 
 
 def record_paid(

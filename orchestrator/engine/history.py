@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case
+from sqlalchemy import Table, bindparam, case
 from sqlalchemy import select as select_columns
 from sqlmodel import Session, col, select
 
@@ -84,12 +84,53 @@ def load_rows(session: Session, conversation_id: str, after: int = 0) -> list[Me
     )
 
 
-def latest_checkpoint(session: Session, conversation_id: str) -> CheckpointRow | None:
-    return session.exec(
-        select(CheckpointRow)
-        .where(CheckpointRow.conversation_id == conversation_id)
-        .order_by(col(CheckpointRow.id).desc())
-    ).first()
+# Statements built once and executed with parameters (``b_…``): building
+# them per call and generating their cache keys cost more CPU than running
+# them. Plain rows of the tables, no ORM entities.
+
+_CHECKPOINTS: Table = CheckpointRow.__table__  # type: ignore[attr-defined]
+_MESSAGES: Table = MessageRow.__table__  # type: ignore[attr-defined]
+
+_LATEST_CHECKPOINT = (
+    select_columns(_CHECKPOINTS.c.boundary_message_id, _CHECKPOINTS.c.summary)
+    .where(_CHECKPOINTS.c.conversation_id == bindparam("b_conv"))
+    .order_by(_CHECKPOINTS.c.id.desc())
+    .limit(1)
+)
+
+#: A step's messages (:func:`_load_stored`): the content only of rows newer
+#: than the cache's newest (``b_newest``).
+_STORED = (
+    select_columns(
+        _MESSAGES.c.id,
+        _MESSAGES.c.created_at,
+        _MESSAGES.c.role,
+        _MESSAGES.c.input_tokens,
+        _MESSAGES.c.output_tokens,
+        _MESSAGES.c.cost_usd,
+        case((_MESSAGES.c.id > bindparam("b_newest"), _MESSAGES.c.content), else_=None),
+    )
+    .where(
+        _MESSAGES.c.conversation_id == bindparam("b_conv"), _MESSAGES.c.id > bindparam("b_after")
+    )
+    .order_by(_MESSAGES.c.id)
+)
+_CONTENTS = select_columns(_MESSAGES.c.id, _MESSAGES.c.content).where(
+    _MESSAGES.c.id.in_(bindparam("b_ids", expanding=True))
+)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a step and the next checkpoint read of a conversation's latest one."""
+
+    boundary_message_id: int
+    summary: str
+
+
+def latest_checkpoint(session: Session, conversation_id: str) -> Checkpoint | None:
+    row = session.execute(_LATEST_CHECKPOINT, {"b_conv": conversation_id}).first()
+    return None if row is None else Checkpoint(*row)
 
 
 # --- the per-process cache of stored messages -------------------------------
@@ -180,24 +221,13 @@ def _load_stored(session: Session, conversation_id: str, after: int) -> list[tup
     newest = cache.newest(conversation_id)
     connection = session.connection()  # plain rows: no ORM loading per row
     rows = connection.execute(
-        select_columns(
-            col(MessageRow.id),
-            col(MessageRow.created_at),
-            col(MessageRow.role),
-            col(MessageRow.input_tokens),
-            col(MessageRow.output_tokens),
-            col(MessageRow.cost_usd),
-            case((col(MessageRow.id) > newest, col(MessageRow.content)), else_=None),
-        )
-        .where(col(MessageRow.conversation_id) == conversation_id, col(MessageRow.id) > after)
-        .order_by(col(MessageRow.id))
+        _STORED, {"b_conv": conversation_id, "b_after": after, "b_newest": newest}
     ).all()
     known = cache.get(conversation_id, [(row[0], row[1]) for row in rows])
     contents: dict[int, list[dict[str, Any]]] = {r[0]: r[6] for r in rows if r[6] is not None}
     missing = [row[0] for row in rows if row[0] not in known and row[0] not in contents]
     if missing:
-        fetched = select_columns(col(MessageRow.id), col(MessageRow.content))
-        for row_id, content in connection.execute(fetched.where(col(MessageRow.id).in_(missing))):
+        for row_id, content in connection.execute(_CONTENTS, {"b_ids": missing}):
             contents[row_id] = content
     new = {
         row_id: (created, _stored(_message(role, contents[row_id], tokens_in, tokens_out, cost)))

@@ -20,13 +20,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import update
-from sqlmodel import col
+from sqlalchemy import Table, bindparam, update
 
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, utcnow
 
 log = logging.getLogger(__name__)
+
+_CONVERSATIONS: Table = Conversation.__table__  # type: ignore[attr-defined]
+
+#: The heartbeat's one UPDATE, built once: by primary key, then owner (no
+#: scan of the table); it returns the owners whose leases it extended.
+_RENEW = (
+    update(_CONVERSATIONS)
+    .where(
+        _CONVERSATIONS.c.id.in_(bindparam("b_ids", expanding=True)),
+        _CONVERSATIONS.c.lease_owner.in_(bindparam("b_owners", expanding=True)),
+    )
+    .values(lease_until=bindparam("b_until"))
+    .returning(_CONVERSATIONS.c.lease_owner)
+)
 
 
 @dataclass
@@ -89,20 +102,13 @@ class Heartbeat:
         if not held:
             return
         until = utcnow() + timedelta(seconds=self.rt.settings.lease_seconds)
+        params = {
+            "b_ids": sorted({x.conversation_id for x in held.values()}),
+            "b_owners": list(held),
+            "b_until": until,
+        }
         with self.rt.autocommit() as session:  # one statement: its own transaction
-            kept = set(
-                session.execute(
-                    update(Conversation)
-                    .where(  # by primary key, then owner: no scan of the table
-                        col(Conversation.id).in_(
-                            sorted({x.conversation_id for x in held.values()})
-                        ),
-                        col(Conversation.lease_owner).in_(list(held)),
-                    )
-                    .values(lease_until=until)
-                    .returning(col(Conversation.lease_owner))
-                ).scalars()
-            )
+            kept = set(session.execute(_RENEW, params).scalars())
         for owner, lease in held.items():
             if owner not in kept:
                 log.warning("lease of %s lost to another owner", lease.conversation_id)

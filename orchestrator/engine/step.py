@@ -9,9 +9,11 @@ import time
 import uuid
 from dataclasses import replace
 from datetime import timedelta
+from functools import cache
 from typing import Any
 
-from sqlalchemy import func, or_, update
+from sqlalchemy import Table, Update, bindparam, func, insert, or_, update
+from sqlalchemy import select as select_columns
 from sqlalchemy.orm import aliased
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
@@ -21,13 +23,14 @@ from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
+    TREE_TOTALS,
     exceeded,
     job_of,
     record_paid,
     record_usage,
     roll_up,
     tool_calls_left,
-    tree_totals,
+    tree_params,
 )
 from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
@@ -55,7 +58,15 @@ from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
-from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow, Turn, utcnow
+from orchestrator.store.tables import (
+    Conversation,
+    EventRow,
+    MessageRow,
+    ToolCallRow,
+    Turn,
+    new_id,
+    utcnow,
+)
 from orchestrator.store.values import storable_text
 from orchestrator.toolnames import aliases
 from schemas import (
@@ -73,6 +84,82 @@ from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
 
 log = logging.getLogger(__name__)
+
+# The step's statements are built once, here, and executed with parameters
+# (``b_…``): building one per call (column comparisons, coercions, an
+# aliased entity) and generating its cache key cost more CPU than the
+# database's work. Writes whose rows the step does not read back go to the
+# tables (Core), without ORM bookkeeping.
+
+_CONVERSATIONS: Table = Conversation.__table__  # type: ignore[attr-defined]
+_TURNS: Table = Turn.__table__  # type: ignore[attr-defined]
+_MESSAGES: Table = MessageRow.__table__  # type: ignore[attr-defined]
+_TOOL_CALLS: Table = ToolCallRow.__table__  # type: ignore[attr-defined]
+
+_JOB = aliased(Turn, name="job")
+
+#: The model-call lease (:func:`_take_lease`).
+_TAKE = (
+    update(Conversation)
+    .where(
+        col(Conversation.id) == bindparam("b_conv"),
+        col(Conversation.state) == ConversationState.RUNNING.value,
+        col(Conversation.turn_id) == bindparam("b_turn"),
+        col(Conversation.cursor_step) == bindparam("b_step"),
+        col(Conversation.cursor_segment) == -1,
+        or_(
+            col(Conversation.lease_until).is_(None),
+            col(Conversation.lease_until) < bindparam("b_now"),
+            col(Conversation.lease_owner) == bindparam("b_owner"),
+        ),
+        col(Turn.id) == bindparam("b_turn"),
+        col(Turn.conversation_id) == Conversation.id,
+        col(_JOB.id) == func.coalesce(Turn.job_id, Turn.id),
+        col(_JOB.stop_status).is_(None),
+    )
+    .values(lease_owner=bindparam("b_owner"), lease_until=bindparam("b_until"))
+    .execution_options(synchronize_session=False)
+)
+_TAKE_JOINED = _TAKE.returning(Conversation, Turn)
+_TAKE_ALONE = _TAKE.returning(Conversation)
+
+#: The conversation and the turn, the conversation's row locked (:func:`_load_owned`).
+_OWNED = (
+    select(Conversation, Turn)
+    .where(
+        col(Conversation.id) == bindparam("b_conv"),
+        col(Turn.id) == bindparam("b_turn"),
+        col(Turn.conversation_id) == Conversation.id,
+    )
+    .with_for_update(of=Conversation)
+    .execution_options(populate_existing=True)
+)
+
+#: Rejected final answers plus nudges so far in a turn (:func:`_output_attempts`).
+_ATTEMPTS = select_columns(
+    select_columns(func.count())
+    .select_from(_TOOL_CALLS)
+    .where(_TOOL_CALLS.c.turn_id == bindparam("b_turn"), _TOOL_CALLS.c.tool == FINAL_ANSWER)
+    .scalar_subquery()
+    + select_columns(func.count())
+    .select_from(_MESSAGES)
+    .where(_MESSAGES.c.turn_id == bindparam("b_turn"), _MESSAGES.c.kind == "nudge")
+    .scalar_subquery()
+)
+
+_STORE_MESSAGE = insert(_MESSAGES)
+_STORE_CALLS = insert(_TOOL_CALLS)
+
+#: The turn's own usage of one model call (:func:`_add_usage`).
+_OWN_USAGE: dict[str, Any] = {
+    "steps": bindparam("b_steps"),
+    "input_tokens": _TURNS.c.input_tokens + bindparam("b_input"),
+    "output_tokens": _TURNS.c.output_tokens + bindparam("b_output"),
+    "cost_usd": _TURNS.c.cost_usd + bindparam("b_cost"),
+}
+_ADD_USAGE = update(_TURNS).where(_TURNS.c.id == bindparam("b_turn")).values(_OWN_USAGE)
+#: The same and, for a job's own turn, its tree totals: one update of the row.
+_ADD_USAGE_AND_TREE = _ADD_USAGE.values(TREE_TOTALS)
 
 
 def _worker() -> str:
@@ -94,39 +181,23 @@ def _take_lease(
     committed on its own, that returns the conversation, the turn and the
     job's turn. None: this copy leaves."""
     conversation_id, turn_id, step = ids
-    job = aliased(Turn)
     now = utcnow()
+    params = {
+        "b_conv": conversation_id,
+        "b_turn": turn_id,
+        "b_step": step,
+        "b_now": now,
+        "b_owner": owner,
+        "b_until": now + timedelta(seconds=rt.settings.lease_seconds),
+    }
     with rt.autocommit() as session:
-        take = (
-            update(Conversation)
-            .where(
-                col(Conversation.id) == conversation_id,
-                col(Conversation.state) == ConversationState.RUNNING.value,
-                col(Conversation.turn_id) == turn_id,
-                col(Conversation.cursor_step) == step,
-                col(Conversation.cursor_segment) == -1,
-                or_(
-                    col(Conversation.lease_until).is_(None),
-                    col(Conversation.lease_until) < now,
-                    col(Conversation.lease_owner) == owner,
-                ),
-                col(Turn.id) == turn_id,
-                col(Turn.conversation_id) == Conversation.id,
-                col(job.id) == func.coalesce(Turn.job_id, Turn.id),
-                col(job.stop_status).is_(None),
-            )
-            .values(
-                lease_owner=owner, lease_until=now + timedelta(seconds=rt.settings.lease_seconds)
-            )
-            .execution_options(synchronize_session=False)
-        )
         if returns_joined_rows(session):
-            found = session.execute(take.returning(Conversation, Turn)).first()
+            found = session.execute(_TAKE_JOINED, params).first()
             if found is None:
                 return None
             conv, turn = found
         else:
-            conv = session.execute(take.returning(Conversation)).scalar_one_or_none()
+            conv = session.execute(_TAKE_ALONE, params).scalar_one_or_none()
             if conv is None:
                 return None
             turn = session.get_one(Turn, turn_id)
@@ -138,13 +209,24 @@ def _release_lease(
     session: Session, conversation_id: str, owner: str | None = None, **values: Any
 ) -> None:
     """Give the model-call lease up (only if ``owner`` holds it, when given),
-    setting ``values`` on the conversation in the same update."""
-    where = [col(Conversation.id) == conversation_id]
+    setting ``values`` on the conversation in the same update. A Core
+    update: a conversation object the session holds keeps its loaded
+    lease (nothing reads it after a release)."""
+    params = {"b_conv": conversation_id, **{f"b_{k}": v for k, v in values.items()}}
     if owner is not None:
-        where.append(col(Conversation.lease_owner) == owner)
-    session.execute(
-        update(Conversation).where(*where).values(lease_owner=None, lease_until=None, **values)
-    )
+        params["b_owner"] = owner
+    session.execute(_release(owner is not None, frozenset(values)), params)
+
+
+@cache
+def _release(owned: bool, columns: frozenset[str]) -> Update:
+    """The statement of :func:`_release_lease`, built once per form: by
+    owner or not, and which further ``columns`` it sets."""
+    where = [_CONVERSATIONS.c.id == bindparam("b_conv")]
+    if owned:
+        where.append(_CONVERSATIONS.c.lease_owner == bindparam("b_owner"))
+    values: dict[str, Any] = {c: bindparam(f"b_{c}") for c in sorted(columns)}
+    return update(_CONVERSATIONS).where(*where).values(lease_owner=None, lease_until=None, **values)
 
 
 def _past_max_steps(
@@ -415,16 +497,7 @@ def _load_owned(
 ) -> tuple[Conversation, Turn] | None:
     # The conversation row first: the one lock order (conversation → tool
     # calls → turns → job turn → event sequence) that a stop follows too.
-    found = session.exec(
-        select(Conversation, Turn)
-        .where(
-            col(Conversation.id) == conversation_id,
-            col(Turn.id) == turn_id,
-            col(Turn.conversation_id) == Conversation.id,
-        )
-        .with_for_update(of=Conversation)
-        .execution_options(populate_existing=True)
-    ).first()
+    found = session.execute(_OWNED, {"b_conv": conversation_id, "b_turn": turn_id}).first()
     if found is None:
         return None
     conv, turn = found
@@ -595,18 +668,8 @@ def _verdict(
 
 
 def _output_attempts(session: Session, turn_id: str) -> int:
-    """Rejected final answers and nudges so far in this turn."""
-    rejected = session.exec(
-        select(func.count())
-        .select_from(ToolCallRow)
-        .where(ToolCallRow.turn_id == turn_id, ToolCallRow.tool == FINAL_ANSWER)
-    ).one()
-    nudged = session.exec(
-        select(func.count())
-        .select_from(MessageRow)
-        .where(MessageRow.turn_id == turn_id, MessageRow.kind == "nudge")
-    ).one()
-    return int(rejected) + int(nudged)
+    """Rejected final answers and nudges so far in this turn (one query)."""
+    return int(session.execute(_ATTEMPTS, {"b_turn": turn_id}).scalar_one())
 
 
 def _persist(
@@ -723,29 +786,33 @@ def _add_usage(
         content.append(TextBlock(text=reply.text))
     content.extend(reply.tool_calls)
     usage = reply.usage
-    session.add(
-        MessageRow(
-            conversation_id=conv.id,
-            turn_id=turn.id,
-            step=step,
-            kind="assistant",
-            role="assistant",
-            content=[b.model_dump(mode="json") for b in content],
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cost_usd=usage.cost_usd,
-        )
+    session.execute(
+        _STORE_MESSAGE,
+        {
+            "conversation_id": conv.id,
+            "turn_id": turn.id,
+            "step": step,
+            "kind": "assistant",
+            "role": "assistant",
+            "content": [b.model_dump(mode="json") for b in content],
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cost_usd": usage.cost_usd,
+        },
     )
     own: dict[str, Any] = {
-        "steps": step + 1,
-        "input_tokens": col(Turn.input_tokens) + usage.input_tokens,
-        "output_tokens": col(Turn.output_tokens) + usage.output_tokens,
-        "cost_usd": col(Turn.cost_usd) + usage.cost_usd,
+        "b_turn": turn.id,
+        "b_steps": step + 1,
+        "b_input": usage.input_tokens,
+        "b_output": usage.output_tokens,
+        "b_cost": usage.cost_usd,
     }
     combined = job.id == turn.id and conv.id == conv.root_id
     if combined:
-        own.update(tree_totals(usage, tool_calls))
-    session.execute(update(Turn).where(col(Turn.id) == turn.id).values(**own))
+        own.update(tree_params(usage, tool_calls))
+    # Core: the turn object keeps its loaded usage and totals (nothing
+    # reads them after this); its step count is what the turn's end reads.
+    session.execute(_ADD_USAGE_AND_TREE if combined else _ADD_USAGE, own)
     set_committed_value(turn, "steps", step + 1)
     if not combined:
         roll_up(session, job.id, usage, tool_calls)
@@ -797,21 +864,27 @@ def _record_calls(
         return None
     tasks: list[ToolTask] = []
     handed: list[str] = []  # the batch's handoff target, once one is accepted
+    rows: list[dict[str, Any]] = []  # stored with one INSERT (Core: no ORM objects)
     for position, (call, (segment, parallel, queue)) in enumerate(
         zip(reply.tool_calls, _segments(spec, reply), strict=True)
     ):
-        row = ToolCallRow(
-            conversation_id=conv.id,
-            turn_id=turn.id,
-            step=step,
-            position=position,
-            segment=segment,
-            tool_request_id=call.tool_request_id,
-            tool=call.tool,
-            params=call.params,
-            parallelizable=parallel,
-            queue=queue,
-        )
+        row: dict[str, Any] = {
+            "id": new_id(),
+            "conversation_id": conv.id,
+            "turn_id": turn.id,
+            "step": step,
+            "position": position,
+            "segment": segment,
+            "tool_request_id": call.tool_request_id,
+            "tool": call.tool,
+            "params": call.params,
+            "parallelizable": parallel,
+            "queue": queue,
+            "status": "pending",
+            "result": None,  # JSON null, as the ORM stored it
+            "is_error": False,
+            "finished_at": None,
+        }
         refused = refusal(spec, call.tool)
         if call.tool == FINAL_ANSWER and errors is not None:
             refused = rejection(errors)
@@ -835,21 +908,22 @@ def _record_calls(
             else _answer_here(session, outbox, (conv, turn), spec, row, handed)
         )
         if answer is not None:
-            row.result, row.is_error = answer
-            row.status = "failed" if row.is_error else "completed"
-            row.finished_at = utcnow()
+            row["result"], row["is_error"] = answer
+            row["status"] = "failed" if row["is_error"] else "completed"
+            row["finished_at"] = utcnow()
             outbox.record(
-                EventName.TOOL_FAILED if row.is_error else EventName.TOOL_COMPLETED,
+                EventName.TOOL_FAILED if row["is_error"] else EventName.TOOL_COMPLETED,
                 conv,
                 turn,
                 step,
                 tool=call.tool,
                 tool_request_id=call.tool_request_id,
-                result=row.result,
+                result=row["result"],
             )
         elif segment == 0:
-            tasks.append(ToolTask(row.id, call.tool, queue))
-        session.add(row)
+            tasks.append(ToolTask(row["id"], call.tool, queue))
+        rows.append(row)
+    session.execute(_STORE_CALLS, rows)
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
 
@@ -858,16 +932,18 @@ def _answer_here(
     outbox: Outbox,
     where: tuple[Conversation, Turn],
     spec: AgentSpec,
-    call: ToolCallRow,
+    row: dict[str, Any],
     handed: list[str],
 ) -> tuple[Any, bool] | None:
     """The result of a built-in call the step answers itself, in its own
     transaction (a plan update, a handoff), or None for a call to run.
-    Only Chorus's own rows change, with the cursor's move: exactly once."""
-    if call.tool == PLAN_TOOL and spec.planning:
-        return update_plan(session, outbox, *where, call)
-    if is_handoff_call(call.tool):
-        return answer_handoff(call, handed)
+    Only Chorus's own rows change, with the cursor's move: exactly once.
+    ``row``: the call's column values (a transient row is made of them
+    for the answering function; :func:`_record_calls` stores them)."""
+    if row["tool"] == PLAN_TOOL and spec.planning:
+        return update_plan(session, outbox, *where, ToolCallRow(**row))
+    if is_handoff_call(row["tool"]):
+        return answer_handoff(ToolCallRow(**row), handed)
     return None
 
 
@@ -885,15 +961,16 @@ def _nudge(
         **totals,
     ):
         return None
-    session.add(
-        MessageRow(
-            conversation_id=conv.id,
-            turn_id=turn_id,
-            step=step,
-            kind="nudge",
-            role="user",
-            content=[TextBlock(text=NUDGE).model_dump()],
-        )
+    session.execute(
+        _STORE_MESSAGE,
+        {
+            "conversation_id": conv.id,
+            "turn_id": turn_id,
+            "step": step,
+            "kind": "nudge",
+            "role": "user",
+            "content": [TextBlock(text=NUDGE).model_dump()],
+        },
     )
     return [RunStep(conv.id, turn_id, step + 1, conv.priority)]
 
