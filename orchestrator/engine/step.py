@@ -9,21 +9,17 @@ import time
 import uuid
 from dataclasses import replace
 from datetime import timedelta
-from functools import cache
 from typing import Any
 
-from sqlalchemy import Table, Update, bindparam, func, insert, or_, update
-from sqlalchemy import select as select_columns
-from sqlalchemy.orm import aliased
+from sqlalchemy import func
 from sqlalchemy.orm.attributes import set_committed_value
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
 from orchestrator import registry, toolsets
 from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
-    TREE_TOTALS,
     exceeded,
     job_of,
     record_paid,
@@ -49,6 +45,17 @@ from orchestrator.engine.output import (
 )
 from orchestrator.engine.outputs import read_output_tool
 from orchestrator.engine.planning import PLAN_TOOL, plan_tool, update_plan
+from orchestrator.engine.stepstatements import (
+    ADD_USAGE,
+    ADD_USAGE_AND_TREE,
+    ATTEMPTS,
+    OWNED,
+    STORE_CALLS,
+    STORE_MESSAGE,
+    TAKE_ALONE,
+    TAKE_JOINED,
+    release,
+)
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import DeltaBatcher, Outbox
@@ -61,7 +68,6 @@ from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import (
     Conversation,
     EventRow,
-    MessageRow,
     ToolCallRow,
     Turn,
     new_id,
@@ -71,7 +77,6 @@ from orchestrator.store.values import storable_text
 from orchestrator.toolnames import aliases
 from schemas import (
     AgentSpec,
-    ConversationState,
     Event,
     EventName,
     TextBlock,
@@ -84,82 +89,6 @@ from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
 
 log = logging.getLogger(__name__)
-
-# The step's statements are built once, here, and executed with parameters
-# (``b_…``): building one per call (column comparisons, coercions, an
-# aliased entity) and generating its cache key cost more CPU than the
-# database's work. Writes whose rows the step does not read back go to the
-# tables (Core), without ORM bookkeeping.
-
-_CONVERSATIONS: Table = Conversation.__table__  # type: ignore[attr-defined]
-_TURNS: Table = Turn.__table__  # type: ignore[attr-defined]
-_MESSAGES: Table = MessageRow.__table__  # type: ignore[attr-defined]
-_TOOL_CALLS: Table = ToolCallRow.__table__  # type: ignore[attr-defined]
-
-_JOB = aliased(Turn, name="job")
-
-#: The model-call lease (:func:`_take_lease`).
-_TAKE = (
-    update(Conversation)
-    .where(
-        col(Conversation.id) == bindparam("b_conv"),
-        col(Conversation.state) == ConversationState.RUNNING.value,
-        col(Conversation.turn_id) == bindparam("b_turn"),
-        col(Conversation.cursor_step) == bindparam("b_step"),
-        col(Conversation.cursor_segment) == -1,
-        or_(
-            col(Conversation.lease_until).is_(None),
-            col(Conversation.lease_until) < bindparam("b_now"),
-            col(Conversation.lease_owner) == bindparam("b_owner"),
-        ),
-        col(Turn.id) == bindparam("b_turn"),
-        col(Turn.conversation_id) == Conversation.id,
-        col(_JOB.id) == func.coalesce(Turn.job_id, Turn.id),
-        col(_JOB.stop_status).is_(None),
-    )
-    .values(lease_owner=bindparam("b_owner"), lease_until=bindparam("b_until"))
-    .execution_options(synchronize_session=False)
-)
-_TAKE_JOINED = _TAKE.returning(Conversation, Turn)
-_TAKE_ALONE = _TAKE.returning(Conversation)
-
-#: The conversation and the turn, the conversation's row locked (:func:`_load_owned`).
-_OWNED = (
-    select(Conversation, Turn)
-    .where(
-        col(Conversation.id) == bindparam("b_conv"),
-        col(Turn.id) == bindparam("b_turn"),
-        col(Turn.conversation_id) == Conversation.id,
-    )
-    .with_for_update(of=Conversation)
-    .execution_options(populate_existing=True)
-)
-
-#: Rejected final answers plus nudges so far in a turn (:func:`_output_attempts`).
-_ATTEMPTS = select_columns(
-    select_columns(func.count())
-    .select_from(_TOOL_CALLS)
-    .where(_TOOL_CALLS.c.turn_id == bindparam("b_turn"), _TOOL_CALLS.c.tool == FINAL_ANSWER)
-    .scalar_subquery()
-    + select_columns(func.count())
-    .select_from(_MESSAGES)
-    .where(_MESSAGES.c.turn_id == bindparam("b_turn"), _MESSAGES.c.kind == "nudge")
-    .scalar_subquery()
-)
-
-_STORE_MESSAGE = insert(_MESSAGES)
-_STORE_CALLS = insert(_TOOL_CALLS)
-
-#: The turn's own usage of one model call (:func:`_add_usage`).
-_OWN_USAGE: dict[str, Any] = {
-    "steps": bindparam("b_steps"),
-    "input_tokens": _TURNS.c.input_tokens + bindparam("b_input"),
-    "output_tokens": _TURNS.c.output_tokens + bindparam("b_output"),
-    "cost_usd": _TURNS.c.cost_usd + bindparam("b_cost"),
-}
-_ADD_USAGE = update(_TURNS).where(_TURNS.c.id == bindparam("b_turn")).values(_OWN_USAGE)
-#: The same and, for a job's own turn, its tree totals: one update of the row.
-_ADD_USAGE_AND_TREE = _ADD_USAGE.values(TREE_TOTALS)
 
 
 def _worker() -> str:
@@ -192,12 +121,12 @@ def _take_lease(
     }
     with rt.autocommit() as session:
         if returns_joined_rows(session):
-            found = session.execute(_TAKE_JOINED, params).first()
+            found = session.execute(TAKE_JOINED, params).first()
             if found is None:
                 return None
             conv, turn = found
         else:
-            conv = session.execute(_TAKE_ALONE, params).scalar_one_or_none()
+            conv = session.execute(TAKE_ALONE, params).scalar_one_or_none()
             if conv is None:
                 return None
             turn = session.get_one(Turn, turn_id)
@@ -215,18 +144,7 @@ def _release_lease(
     params = {"b_conv": conversation_id, **{f"b_{k}": v for k, v in values.items()}}
     if owner is not None:
         params["b_owner"] = owner
-    session.execute(_release(owner is not None, frozenset(values)), params)
-
-
-@cache
-def _release(owned: bool, columns: frozenset[str]) -> Update:
-    """The statement of :func:`_release_lease`, built once per form: by
-    owner or not, and which further ``columns`` it sets."""
-    where = [_CONVERSATIONS.c.id == bindparam("b_conv")]
-    if owned:
-        where.append(_CONVERSATIONS.c.lease_owner == bindparam("b_owner"))
-    values: dict[str, Any] = {c: bindparam(f"b_{c}") for c in sorted(columns)}
-    return update(_CONVERSATIONS).where(*where).values(lease_owner=None, lease_until=None, **values)
+    session.execute(release(owner is not None, frozenset(values)), params)
 
 
 def _past_max_steps(
@@ -497,7 +415,7 @@ def _load_owned(
 ) -> tuple[Conversation, Turn] | None:
     # The conversation row first: the one lock order (conversation → tool
     # calls → turns → job turn → event sequence) that a stop follows too.
-    found = session.execute(_OWNED, {"b_conv": conversation_id, "b_turn": turn_id}).first()
+    found = session.execute(OWNED, {"b_conv": conversation_id, "b_turn": turn_id}).first()
     if found is None:
         return None
     conv, turn = found
@@ -669,7 +587,7 @@ def _verdict(
 
 def _output_attempts(session: Session, turn_id: str) -> int:
     """Rejected final answers and nudges so far in this turn (one query)."""
-    return int(session.execute(_ATTEMPTS, {"b_turn": turn_id}).scalar_one())
+    return int(session.execute(ATTEMPTS, {"b_turn": turn_id}).scalar_one())
 
 
 def _persist(
@@ -787,7 +705,7 @@ def _add_usage(
     content.extend(reply.tool_calls)
     usage = reply.usage
     session.execute(
-        _STORE_MESSAGE,
+        STORE_MESSAGE,
         {
             "conversation_id": conv.id,
             "turn_id": turn.id,
@@ -812,7 +730,7 @@ def _add_usage(
         own.update(tree_params(usage, tool_calls))
     # Core: the turn object keeps its loaded usage and totals (nothing
     # reads them after this); its step count is what the turn's end reads.
-    session.execute(_ADD_USAGE_AND_TREE if combined else _ADD_USAGE, own)
+    session.execute(ADD_USAGE_AND_TREE if combined else ADD_USAGE, own)
     set_committed_value(turn, "steps", step + 1)
     if not combined:
         roll_up(session, job.id, usage, tool_calls)
@@ -923,7 +841,7 @@ def _record_calls(
         elif segment == 0:
             tasks.append(ToolTask(row["id"], call.tool, queue))
         rows.append(row)
-    session.execute(_STORE_CALLS, rows)
+    session.execute(STORE_CALLS, rows)
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
 
@@ -962,7 +880,7 @@ def _nudge(
     ):
         return None
     session.execute(
-        _STORE_MESSAGE,
+        STORE_MESSAGE,
         {
             "conversation_id": conv.id,
             "turn_id": turn_id,
