@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, exists, null, update
-from sqlalchemy.orm import aliased
-from sqlmodel import col, select
+from sqlalchemy import bindparam, exists, null, select, update
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from
@@ -29,19 +27,19 @@ def advance(
     the step's handoff, if it made one (the next step runs the target).
     """
     with rt.transaction() as (session, outbox):
-        rows = session.exec(
+        calls = run(
+            session,
             _READY,
-            params={
+            {
                 "conversation_id": conversation_id,
                 "turn_id": turn_id,
                 "step": step,
                 "segment": segment,
             },
         ).all()
-        if not rows:
+        if not calls:
             return []
-        calls = [call for call, _ in rows]
-        priority = rows[0][1]
+        priority = calls[0].priority
         position = (turn_id, step, segment)
         last = max(c.segment for c in calls)
         if segment < last:
@@ -60,7 +58,7 @@ def advance(
         ):
             return []
         if handoff:
-            take_over(session, outbox, handoff)
+            take_over(session, outbox, (conversation_id, turn_id, step), handoff)
         blocks = [
             ToolResultBlock(
                 tool_request_id=c.tool_request_id,
@@ -86,35 +84,50 @@ def advance(
     return [RunStep(conversation_id, turn_id, step + 1, priority)]
 
 
-_pending = aliased(ToolCallRow)
+_CALLS = table(ToolCallRow)
+_CONVERSATIONS = table(Conversation)
+_pending = _CALLS.alias()
 
-#: The step's calls, each with the priority the next tasks are sent with;
+#: The step's calls (the columns the next segment, the results message and
+#: a handoff need), each with the priority the next tasks are sent with;
 #: none while a call of the segment is still out (its own advance, or the
 #: sweeper, comes later) or once the cursor has moved on: with N subagents,
 #: N-1 of their advances find work out, and the late ones a moved cursor,
-#: and read no call. Built once: it runs for every call's end.
+#: and read no call. Built once, read as Core rows: it runs for every
+#: call's end, and a backlog of advances can find all N calls finished
+#: before the first of them has moved the cursor.
 _READY = (
-    select(ToolCallRow, Conversation.priority)
-    .join(Conversation, col(Conversation.id) == col(ToolCallRow.conversation_id))
+    select(
+        _CALLS.c.id,
+        _CALLS.c.segment,
+        _CALLS.c.tool,
+        _CALLS.c.queue,
+        _CALLS.c.tool_request_id,
+        _CALLS.c.params,
+        _CALLS.c.result,
+        _CALLS.c.view_chars,
+        _CALLS.c.is_error,
+        _CONVERSATIONS.c.priority,
+    )
+    .join(_CONVERSATIONS, _CONVERSATIONS.c.id == _CALLS.c.conversation_id)
     .where(
-        col(ToolCallRow.turn_id) == bindparam("turn_id"),
-        col(ToolCallRow.step) == bindparam("step"),
-        col(Conversation.id) == bindparam("conversation_id"),
-        col(Conversation.state) == ConversationState.RUNNING.value,
-        col(Conversation.turn_id) == bindparam("turn_id"),
-        col(Conversation.cursor_step) == bindparam("step"),
-        col(Conversation.cursor_segment) == bindparam("segment"),
+        _CALLS.c.turn_id == bindparam("turn_id"),
+        _CALLS.c.step == bindparam("step"),
+        _CONVERSATIONS.c.id == bindparam("conversation_id"),
+        _CONVERSATIONS.c.state == ConversationState.RUNNING.value,
+        _CONVERSATIONS.c.turn_id == bindparam("turn_id"),
+        _CONVERSATIONS.c.cursor_step == bindparam("step"),
+        _CONVERSATIONS.c.cursor_segment == bindparam("segment"),
         ~exists().where(
-            col(_pending.turn_id) == bindparam("turn_id"),
-            col(_pending.step) == bindparam("step"),
-            col(_pending.segment) == bindparam("segment"),
-            col(_pending.status).not_in(CALL_FINISHED),
+            _pending.c.turn_id == bindparam("turn_id"),
+            _pending.c.step == bindparam("step"),
+            _pending.c.segment == bindparam("segment"),
+            _pending.c.status.not_in(CALL_FINISHED),
         ),
     )
-    .order_by(col(ToolCallRow.position))
+    .order_by(_CALLS.c.position)
 )
 
-_CALLS = table(ToolCallRow)
 
 #: The tool results message is now the results' one copy (docs/architecture.md,
 #: Storage), but for an archived result: its row keeps it whole.
