@@ -10,9 +10,10 @@ life (``chorus.advance``, a child's start and end) use these.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
-from sqlalchemy import CursorResult, Executable, Table
+from sqlalchemy import CursorResult, Executable, Insert, Table, insert
 from sqlmodel import Session, SQLModel
 
 
@@ -33,3 +34,23 @@ def run(session: Session, statement: Executable, params: Mapping[str, Any]) -> C
     replaces."""
     session.flush()
     return session.connection().execute(statement, params)
+
+
+def insert_rows(session: Session, *rows: SQLModel) -> None:
+    """INSERT new ``rows`` now, in order, each with its table's one Core
+    statement, instead of through the unit of work at the next flush (the
+    rows do not join the session). Every column is sent, as the unit of
+    work sends it; an unset autoincrement key is left to the database."""
+    for row in rows:
+        found = table(type(row))
+        values = {}
+        for column in found.c:
+            value = getattr(row, column.key)
+            if value is not None or not column.primary_key:
+                values[column.key] = value
+        run(session, _insert(found), values)
+
+
+@cache
+def _insert(found: Table) -> Insert:
+    return insert(found)

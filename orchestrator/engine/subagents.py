@@ -19,7 +19,7 @@ from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
 from orchestrator.engine.budget import lock_job
 from orchestrator.engine.history import copy_messages
-from orchestrator.engine.prebuilt import run, table
+from orchestrator.engine.prebuilt import insert_rows, run, table
 from orchestrator.errors import InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
@@ -148,10 +148,11 @@ def start_child(
         job_id=turn.job_id or turn.id,
     )
     child.turn_id = child_turn.id
-    session.add_all([child, child_turn])
+    insert_rows(session, child, child_turn)
     if fork:
         copy_messages(session, conv.id, child.id)
-    session.add(
+    insert_rows(  # after the copies (flushed first): the history's order
+        session,
         MessageRow(
             conversation_id=child.id,
             turn_id=child_turn.id,
@@ -159,7 +160,7 @@ def start_child(
             kind="input",
             role="user",
             content=[TextBlock(text=task).model_dump()],
-        )
+        ),
     )
     outbox.record(
         EventName.SUBAGENT_STARTED,
