@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, exists, func, null, update
-from sqlalchemy.orm import aliased
-from sqlmodel import col, select
+from sqlalchemy import bindparam, exists, null, select, update
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from
 from orchestrator.engine.handoffs import handoff_in, take_over, target_values
 from orchestrator.engine.outputs import view
+from orchestrator.engine.prebuilt import run, table
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow, Turn
+from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow
 from schemas import ConversationState, ToolResultBlock
 
 
@@ -27,47 +26,24 @@ def advance(
     moves it. The tool results message commits with the move, and so does
     the step's handoff, if it made one (the next step runs the target).
     """
-    pending = aliased(ToolCallRow)
     with rt.transaction() as (session, outbox):
-        # None while a part is still out (its own advance, or the sweeper,
-        # comes later) or once the cursor has moved on: with N subagents,
-        # N-1 of their advances find work out, and the late ones a moved
-        # cursor, and read no call. Each row comes with the priority the
-        # next tasks are sent with.
-        rows = session.exec(
-            select(ToolCallRow, Conversation.priority)
-            .join(Conversation, col(Conversation.id) == col(ToolCallRow.conversation_id))
-            .where(
-                col(ToolCallRow.turn_id) == turn_id,
-                col(ToolCallRow.step) == step,
-                col(Conversation.id) == conversation_id,
-                col(Conversation.state) == ConversationState.RUNNING.value,
-                col(Conversation.turn_id) == turn_id,
-                col(Conversation.cursor_step) == step,
-                col(Conversation.cursor_segment) == segment,
-                ~exists().where(
-                    col(pending.turn_id) == turn_id,
-                    col(pending.step) == step,
-                    col(pending.segment) == segment,
-                    col(pending.status).not_in(CALL_FINISHED),
-                ),
-            )
-            .order_by(col(ToolCallRow.position))
+        calls = run(
+            session,
+            _READY,
+            {
+                "conversation_id": conversation_id,
+                "turn_id": turn_id,
+                "step": step,
+                "segment": segment,
+            },
         ).all()
-        if not rows:
+        if not calls:
             return []
-        calls = [call for call, _ in rows]
-        priority = rows[0][1]
+        priority = calls[0].priority
         position = (turn_id, step, segment)
         last = max(c.segment for c in calls)
         if segment < last:
-            if not move_cursor_from(
-                session,
-                conversation_id,
-                position,
-                _not_stopping(turn_id),
-                cursor_segment=segment + 1,
-            ):
+            if not move_cursor_from(session, conversation_id, position, cursor_segment=segment + 1):
                 return []
             nxt = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.segment == segment + 1)
             return [RunSegment(conversation_id, turn_id, step, segment + 1, nxt, priority)]
@@ -76,14 +52,13 @@ def advance(
             session,
             conversation_id,
             position,
-            _not_stopping(turn_id),
             cursor_step=step + 1,
             cursor_segment=-1,
             **(target_values(handoff) if handoff else {}),
         ):
             return []
         if handoff:
-            take_over(session, outbox, handoff)
+            take_over(session, outbox, (conversation_id, turn_id, step), handoff)
         blocks = [
             ToolResultBlock(
                 tool_request_id=c.tool_request_id,
@@ -105,24 +80,63 @@ def advance(
                 content=blocks,
             )
         )
-        # The message is now the results' one copy (docs/architecture.md,
-        # Storage), but for an archived result: its row keeps it whole.
-        session.execute(
-            update(ToolCallRow)
-            .where(
-                col(ToolCallRow.turn_id) == turn_id,
-                col(ToolCallRow.step) == step,
-                col(ToolCallRow.view_chars).is_(None),
-            )
-            .values(result=null())
-        )
+        run(session, _CLEAR_RESULTS, {"where_turn_id": turn_id, "where_step": step})
     return [RunStep(conversation_id, turn_id, step + 1, priority)]
 
 
-def _not_stopping(turn_id: str) -> ColumnElement[bool]:
-    """The job of ``turn_id`` is not being stopped (then nothing more runs)."""
-    turn, job = aliased(Turn), aliased(Turn)
-    job_id = (
-        select(func.coalesce(turn.job_id, turn.id)).where(col(turn.id) == turn_id).scalar_subquery()
+_CALLS = table(ToolCallRow)
+_CONVERSATIONS = table(Conversation)
+_pending = _CALLS.alias()
+
+#: The step's calls (the columns the next segment, the results message and
+#: a handoff need), each with the priority the next tasks are sent with;
+#: none while a call of the segment is still out (its own advance, or the
+#: sweeper, comes later) or once the cursor has moved on: with N subagents,
+#: N-1 of their advances find work out, and the late ones a moved cursor,
+#: and read no call. Built once, read as Core rows: it runs for every
+#: call's end, and a backlog of advances can find all N calls finished
+#: before the first of them has moved the cursor.
+_READY = (
+    select(
+        _CALLS.c.id,
+        _CALLS.c.segment,
+        _CALLS.c.tool,
+        _CALLS.c.queue,
+        _CALLS.c.tool_request_id,
+        _CALLS.c.params,
+        _CALLS.c.result,
+        _CALLS.c.view_chars,
+        _CALLS.c.is_error,
+        _CONVERSATIONS.c.priority,
     )
-    return ~exists().where(col(job.id) == job_id, col(job.stop_status).is_not(None))
+    .join(_CONVERSATIONS, _CONVERSATIONS.c.id == _CALLS.c.conversation_id)
+    .where(
+        _CALLS.c.turn_id == bindparam("turn_id"),
+        _CALLS.c.step == bindparam("step"),
+        _CONVERSATIONS.c.id == bindparam("conversation_id"),
+        _CONVERSATIONS.c.state == ConversationState.RUNNING.value,
+        _CONVERSATIONS.c.turn_id == bindparam("turn_id"),
+        _CONVERSATIONS.c.cursor_step == bindparam("step"),
+        _CONVERSATIONS.c.cursor_segment == bindparam("segment"),
+        ~exists().where(
+            _pending.c.turn_id == bindparam("turn_id"),
+            _pending.c.step == bindparam("step"),
+            _pending.c.segment == bindparam("segment"),
+            _pending.c.status.not_in(CALL_FINISHED),
+        ),
+    )
+    .order_by(_CALLS.c.position)
+)
+
+
+#: The tool results message is now the results' one copy (docs/architecture.md,
+#: Storage), but for an archived result: its row keeps it whole.
+_CLEAR_RESULTS = (
+    update(_CALLS)
+    .where(
+        _CALLS.c.turn_id == bindparam("where_turn_id"),
+        _CALLS.c.step == bindparam("where_step"),
+        _CALLS.c.view_chars.is_(None),
+    )
+    .values(result=null())
+)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, update
-from sqlmodel import Session, col
+from sqlalchemy import ColumnElement, Update, bindparam, exists, func, select, update
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlmodel import Session
 
 from orchestrator.engine.actions import Action, Dequeue
+from orchestrator.engine.prebuilt import run, table
 from orchestrator.engine.subagents import answer_parent
 from orchestrator.events import Outbox
 from orchestrator.store.tables import Conversation, Turn, utcnow
@@ -18,44 +21,92 @@ def move_cursor(session: Session, conv: Conversation, **values: Any) -> bool:
     """``UPDATE … WHERE version = :v``: True for exactly one of any racing copies.
 
     A move is progress: the stall clock restarts, the sweeper's re-dispatch
-    count and any deferral of the old position are cleared.
+    count and any deferral of the old position are cleared. ``values`` are
+    plain values (no SQL expressions); ``conv`` shows them once moved.
     """
-    values = {"redispatches": 0, "due_at": None, **values}
-    result = session.execute(
-        update(Conversation)
-        .where(col(Conversation.id) == conv.id, col(Conversation.version) == conv.version)
-        .values(version=conv.version + 1, progress_at=utcnow(), **values)
-    )
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    values = {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
+    params = {"where_id": conv.id, "where_version": conv.version, **_set_params(values)}
+    if run(session, _by_version(tuple(values)), params).rowcount != 1:
+        return False
+    for key, value in (*values.items(), ("version", conv.version + 1)):
+        set_committed_value(conv, key, value)
+    return True
 
 
 def move_cursor_from(
-    session: Session,
-    conversation_id: str,
-    position: tuple[str, int, int],
-    *where: ColumnElement[bool],
-    **values: Any,
+    session: Session, conversation_id: str, position: tuple[str, int, int], **values: Any
 ) -> bool:
     """Move the cursor of a running conversation that is still at
-    ``position`` (turn, step, segment) and matches ``where``: a
-    compare-and-set on the position itself, in one update (no read first).
-    Of racing copies exactly one moves it: the others' update finds the
-    position gone once the winner commits."""
+    ``position`` (turn, step, segment), unless the turn's job is being
+    stopped (then nothing more runs): a compare-and-set on the position
+    itself, in one update (no read first). Of racing copies exactly one
+    moves it: the others' update finds the position gone once the winner
+    commits. ``values`` are plain values (no SQL expressions)."""
     turn_id, step, segment = position
-    values = {"redispatches": 0, "due_at": None, **values}
-    result = session.execute(
-        update(Conversation)
-        .where(
-            col(Conversation.id) == conversation_id,
-            col(Conversation.state) == ConversationState.RUNNING.value,
-            col(Conversation.turn_id) == turn_id,
-            col(Conversation.cursor_step) == step,
-            col(Conversation.cursor_segment) == segment,
-            *where,
-        )
-        .values(version=col(Conversation.version) + 1, progress_at=utcnow(), **values)
+    values = {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
+    params = {
+        "where_id": conversation_id,
+        "where_turn_id": turn_id,
+        "where_step": step,
+        "where_segment": segment,
+        **_set_params(values),
+    }
+    return run(session, _by_position(tuple(values)), params).rowcount == 1
+
+
+_CONVERSATION = table(Conversation)
+_TURN = table(Turn)
+
+
+def _set(keys: tuple[str, ...]) -> dict[str, Any]:
+    """The SET clause of a move: the version's step, then a bound value per key."""
+    c = _CONVERSATION.c
+    return {
+        "version": c.version + 1,
+        **{key: bindparam(f"set_{key}", type_=c[key].type) for key in keys},
+    }
+
+
+def _set_params(values: dict[str, Any]) -> dict[str, Any]:
+    return {f"set_{key}": value for key, value in values.items()}
+
+
+@lru_cache(maxsize=64)
+def _by_version(keys: tuple[str, ...]) -> Update:
+    """The move of :func:`move_cursor`, built once per set of columns."""
+    c = _CONVERSATION.c
+    return (
+        update(_CONVERSATION)
+        .where(c.id == bindparam("where_id"), c.version == bindparam("where_version"))
+        .values(_set(keys))
     )
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def _job_not_stopping() -> ColumnElement[bool]:
+    """The job of the turn ``:where_turn_id`` is not being stopped."""
+    turn, job = _TURN.alias(), _TURN.alias()
+    job_id = (
+        select(func.coalesce(turn.c.job_id, turn.c.id))
+        .where(turn.c.id == bindparam("where_turn_id"))
+        .scalar_subquery()
+    )
+    return ~exists().where(job.c.id == job_id, job.c.stop_status.is_not(None))
+
+
+_AT_POSITION = (
+    _CONVERSATION.c.id == bindparam("where_id"),
+    _CONVERSATION.c.state == ConversationState.RUNNING.value,
+    _CONVERSATION.c.turn_id == bindparam("where_turn_id"),
+    _CONVERSATION.c.cursor_step == bindparam("where_step"),
+    _CONVERSATION.c.cursor_segment == bindparam("where_segment"),
+    _job_not_stopping(),
+)
+
+
+@lru_cache(maxsize=64)
+def _by_position(keys: tuple[str, ...]) -> Update:
+    """The move of :func:`move_cursor_from`, built once per set of columns."""
+    return update(_CONVERSATION).where(*_AT_POSITION).values(_set(keys))
 
 
 _END_EVENTS = {

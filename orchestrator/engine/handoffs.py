@@ -16,7 +16,7 @@ to the agent that handed off: it answers the turn.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from sqlmodel import Session
 
@@ -81,22 +81,43 @@ def answer_handoff(call: ToolCallRow, taken: list[str]) -> tuple[str, bool]:
     return f"Handed off to {name}: the {name} agent takes over this conversation.", False
 
 
-def handoff_in(calls: Sequence[ToolCallRow]) -> ToolCallRow | None:
+class StoredCall(Protocol):
+    """What a handoff needs of a stored call: a ``ToolCallRow``, or a row
+    of those columns (as ``advance`` reads a step's calls)."""
+
+    @property
+    def tool(self) -> str: ...
+    @property
+    def is_error(self) -> bool: ...
+    @property
+    def params(self) -> dict[str, Any]: ...
+    @property
+    def tool_request_id(self) -> str: ...
+
+
+Call = TypeVar("Call", bound=StoredCall)
+
+
+def handoff_in(calls: Sequence[Call]) -> Call | None:
     """The step's handoff, if one of its calls was accepted."""
     return next((c for c in calls if is_handoff_call(c.tool) and not c.is_error), None)
 
 
-def target_values(call: ToolCallRow) -> dict[str, Any]:
+def target_values(call: StoredCall) -> dict[str, Any]:
     """The conversation's columns that make the call's target its agent."""
     spec = registry.get_agent(call.tool.removeprefix(HANDOFF_PREFIX))
     return {"agent": spec.name, "agent_spec": spec.model_dump(mode="json")}
 
 
-def take_over(session: Session, outbox: Outbox, call: ToolCallRow) -> None:
+def take_over(
+    session: Session, outbox: Outbox, position: tuple[str, str, int], call: StoredCall
+) -> None:
     """Record the switch the cursor's move made (``target_values``): the
-    turn's ``agent`` and ``agent.handoff`` (from, to, the message)."""
-    conv = session.get_one(Conversation, call.conversation_id)
-    turn = session.get_one(Turn, call.turn_id)
+    turn's ``agent`` and ``agent.handoff`` (from, to, the message).
+    ``position``: the conversation, turn and step of the call."""
+    conversation_id, turn_id, step = position
+    conv = session.get_one(Conversation, conversation_id)
+    turn = session.get_one(Turn, turn_id)
     target = call.tool.removeprefix(HANDOFF_PREFIX)
     before = turn.agent
     turn.agent = target
@@ -105,7 +126,7 @@ def take_over(session: Session, outbox: Outbox, call: ToolCallRow) -> None:
         EventName.AGENT_HANDOFF,
         conv,
         turn,
-        call.step,
+        step,
         from_agent=before,
         to_agent=target,
         message=call.params.get("message", ""),

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import update
-from sqlmodel import Session, col, select
+from sqlalchemy import bindparam, select, update
+from sqlmodel import Session
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
 from orchestrator.engine.budget import lock_job
 from orchestrator.engine.history import copy_messages
+from orchestrator.engine.prebuilt import insert_rows, run, table
 from orchestrator.errors import InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
@@ -100,18 +101,8 @@ def _take_child_slot(rt: Runtime, session: Session, parent: Conversation, turn: 
         )
     job_id = turn.job_id or turn.id
     lock_job(session, job_id)
-    taken = session.execute(
-        update(Turn)
-        .where(
-            col(Turn.id) == job_id,
-            col(Turn.tree_children) < rt.settings.max_children,
-            # a stop marked since this call was claimed: no new child (the
-            # stop could otherwise end the job's turn before this child)
-            col(Turn.stop_status).is_(None),
-        )
-        .values(tree_children=col(Turn.tree_children) + 1)
-    )
-    if taken.rowcount != 1:  # type: ignore[attr-defined]
+    taken = run(session, _TAKE_SLOT, {"where_id": job_id, "max_children": rt.settings.max_children})
+    if taken.rowcount != 1:
         job = session.get(Turn, job_id)
         if job is not None and job.stop_status is not None:
             raise InvalidRequestError("the job is being stopped; no new subagent", ["job"])
@@ -131,7 +122,7 @@ def start_child(
 ) -> list[Action]:
     """Create the child conversation and its turn; a ChorusError means the
     call is answered at once with an error result instead."""
-    if session.exec(select(Turn.id).where(Turn.parent_call_id == call.id)).first():
+    if run(session, _CHILD_OF, {"call_id": call.id}).first():
         return []  # a redelivered copy: the child already exists
     child_spec, task, fork = _child_request(AgentSpec.model_validate(conv.agent_spec), call)
     _take_child_slot(rt, session, conv, turn)
@@ -157,10 +148,11 @@ def start_child(
         job_id=turn.job_id or turn.id,
     )
     child.turn_id = child_turn.id
-    session.add_all([child, child_turn])
+    insert_rows(session, child, child_turn)
     if fork:
         copy_messages(session, conv.id, child.id)
-    session.add(
+    insert_rows(  # after the copies (flushed first): the history's order
+        session,
         MessageRow(
             conversation_id=child.id,
             turn_id=child_turn.id,
@@ -168,7 +160,7 @@ def start_child(
             kind="input",
             role="user",
             content=[TextBlock(text=task).model_dump()],
-        )
+        ),
     )
     outbox.record(
         EventName.SUBAGENT_STARTED,
@@ -197,21 +189,19 @@ def answer_parent(
 ) -> list[Action]:
     """Write the child's outcome as the parent's tool result and advance it."""
     assert child_turn.parent_call_id is not None
-    call = session.get(ToolCallRow, child_turn.parent_call_id)
-    if call is None:
-        return []
     is_error = status is not TurnStatus.COMPLETED
-    written = session.execute(
-        update(ToolCallRow)
-        .where(col(ToolCallRow.id) == call.id, col(ToolCallRow.status).not_in(CALL_FINISHED))
-        .values(
-            status="failed" if is_error else "completed",
-            result=answer if not is_error else f"Error: subagent {status.value}: {answer}",
-            is_error=is_error,
-            finished_at=utcnow(),
-        )
-    )
-    if written.rowcount != 1:  # type: ignore[attr-defined]
+    call = run(
+        session,
+        _ANSWER,
+        {
+            "call_id": child_turn.parent_call_id,
+            "set_status": "failed" if is_error else "completed",
+            "set_result": answer if not is_error else f"Error: subagent {status.value}: {answer}",
+            "set_is_error": is_error,
+            "set_finished_at": utcnow(),
+        },
+    ).first()
+    if call is None:  # no such call, or it has its result already
         return []
     parent = session.get(Conversation, call.conversation_id)
     parent_turn = session.get(Turn, call.turn_id)
@@ -227,3 +217,44 @@ def answer_parent(
         result=answer,
     )
     return [RunAdvance(parent.id, parent_turn.id, call.step, call.segment, parent.priority)]
+
+
+_TURNS = table(Turn)
+_CALLS = table(ToolCallRow)
+
+#: The child of a subagent call, if it was started already.
+_CHILD_OF = select(_TURNS.c.id).where(_TURNS.c.parent_call_id == bindparam("call_id"))
+
+#: One more child for the job, within the fan-out limit, unless it is being
+#: stopped (a stop marked since the call was claimed: no new child, as the
+#: stop could otherwise end the job's turn before this child).
+_TAKE_SLOT = (
+    update(_TURNS)
+    .where(
+        _TURNS.c.id == bindparam("where_id"),
+        _TURNS.c.tree_children < bindparam("max_children"),
+        _TURNS.c.stop_status.is_(None),
+    )
+    .values(tree_children=_TURNS.c.tree_children + 1)
+)
+
+#: The call's one result (none if it has one already), returning what the
+#: parent's event and its advance need.
+_ANSWER = (
+    update(_CALLS)
+    .where(_CALLS.c.id == bindparam("call_id"), _CALLS.c.status.not_in(CALL_FINISHED))
+    .values(
+        {
+            key: bindparam(f"set_{key}", type_=_CALLS.c[key].type)
+            for key in ("status", "result", "is_error", "finished_at")
+        }
+    )
+    .returning(
+        _CALLS.c.conversation_id,
+        _CALLS.c.turn_id,
+        _CALLS.c.step,
+        _CALLS.c.segment,
+        _CALLS.c.tool,
+        _CALLS.c.tool_request_id,
+    )
+)
