@@ -76,8 +76,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         },
         "result_backend_transport_options": {"global_keyprefix": prefix},
         "result_expires": 24 * 3600,
+        # Workers send task events (received, started, succeeded...) for
+        # Flower; producers send no "task-sent" event: it doubled the
+        # publishes of every send and only showed a task as pending in
+        # Flower before a worker received it.
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        "task_send_sent_event": False,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
         "beat_schedule": {
