@@ -129,7 +129,8 @@ def _dialect(session: Session) -> str:
     return bind.dialect.name
 
 
-def row_to_event(row: EventRow) -> Event:
+def row_to_event(row: EventRow | Pending, seq: int | None = None) -> Event:
+    """The event of a stored row, or of a pending one numbered ``seq``."""
     return Event(
         name=EventName(row.name),
         conversation_id=row.conversation_id,
@@ -138,7 +139,7 @@ def row_to_event(row: EventRow) -> Event:
         step=row.step,
         correlation_id=row.correlation_id,
         time=row.created_at,
-        seq=row.seq,
+        seq=seq if seq is not None else getattr(row, "seq", None),
         data=row.data,
     )
 
@@ -363,20 +364,7 @@ class Outbox:
             numbers = [base + offset for offset in range(first, self.numbered)]
         else:  # ids follow the rows' order in the VALUES list
             numbers = [number for _, number in sorted(stored)]
-        self.events.extend(
-            Event(
-                name=row.name,
-                conversation_id=row.conversation_id,
-                root_id=row.root_id,
-                turn_id=row.turn_id,
-                step=row.step,
-                correlation_id=row.correlation_id,
-                time=row.created_at,
-                seq=seq,
-                data=row.data,
-            )
-            for row, seq in zip(rows, numbers, strict=True)
-        )
+        self.events.extend(row_to_event(row, seq) for row, seq in zip(rows, numbers, strict=True))
 
     def publish(self, client: redis.Redis, prefix: str, maxlen: int) -> None:
         """Send to the live streams; a Redis failure is logged, never raised:
