@@ -9,12 +9,16 @@ life (``chorus.advance``, a child's start and end) use these.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from functools import cache
-from typing import Any
+from collections.abc import Callable, Mapping
+from copy import copy
+from functools import cache, partial
+from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, Insert, Table, insert
+from pydantic_core import PydanticUndefined
+from sqlalchemy import ColumnElement, CursorResult, Executable, Insert, Table, insert, literal
 from sqlmodel import Session, SQLModel
+
+from orchestrator.store.tables import CALL_FINISHED
 
 
 def table(model: type[SQLModel]) -> Table:
@@ -36,19 +40,49 @@ def run(session: Session, statement: Executable, params: Mapping[str, Any]) -> C
     return session.connection().execute(statement, params)
 
 
-def insert_rows(session: Session, *rows: SQLModel) -> None:
-    """INSERT new ``rows`` now, in order, each with its table's one Core
+def unfinished(status: ColumnElement[str]) -> ColumnElement[bool]:
+    """A tool call's ``status`` says it has no result yet. The finished
+    statuses are plain parameters, not an expanding one (``not_in`` of a
+    tuple): no rewriting of the statement's SQL per run."""
+    return status.not_in([literal(value) for value in CALL_FINISHED])
+
+
+def insert_new(session: Session, model: type[SQLModel], **values: Any) -> dict[str, Any]:
+    """INSERT a new row of ``model`` now, with the table's one Core
     statement, instead of through the unit of work at the next flush (the
-    rows do not join the session). Every column is sent, as the unit of
-    work sends it; an unset autoincrement key is left to the database."""
-    for row in rows:
-        found = table(type(row))
-        values = {}
-        for column in found.c:
-            value = getattr(row, column.key)
-            if value is not None or not column.primary_key:
-                values[column.key] = value
-        run(session, _insert(found), values)
+    row does not join the session). Every column is sent, as the unit of
+    work sends it: ``values``, and each other field's default as the
+    model's constructor fills it (an unset autoincrement key is left to the
+    database). Returns the values sent; no entity is built."""
+    found = table(model)
+    row = dict(values)
+    for name, default in _defaults(model):
+        if name not in row:
+            row[name] = default()
+    for key in _primary_key(found):
+        if row.get(key) is None:
+            row.pop(key, None)
+    run(session, _insert(found), row)
+    return row
+
+
+@cache
+def _defaults(model: type[SQLModel]) -> tuple[tuple[str, Callable[[], Any]], ...]:
+    """Each field of ``model`` with what fills it when not given."""
+    found = []
+    for name, info in model.model_fields.items():
+        if info.default_factory is not None:
+            found.append((name, cast(Callable[[], Any], info.default_factory)))
+        elif info.default is PydanticUndefined:  # unset: the column's NULL
+            found.append((name, partial(copy, None)))
+        else:
+            found.append((name, partial(copy, info.default)))
+    return tuple(found)
+
+
+@cache
+def _primary_key(found: Table) -> tuple[str, ...]:
+    return tuple(column.key for column in found.primary_key)
 
 
 @cache
