@@ -15,7 +15,16 @@ from functools import cache, partial
 from typing import Any, cast
 
 from pydantic_core import PydanticUndefined
-from sqlalchemy import ColumnElement, CursorResult, Executable, Insert, Table, insert, literal
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Executable,
+    Insert,
+    Table,
+    bindparam,
+    insert,
+    literal,
+)
 from sqlmodel import Session, SQLModel
 
 from orchestrator.store.tables import CALL_FINISHED
@@ -47,22 +56,36 @@ def unfinished(status: ColumnElement[str]) -> ColumnElement[bool]:
     return status.not_in([literal(value) for value in CALL_FINISHED])
 
 
-def insert_new(session: Session, model: type[SQLModel], **values: Any) -> dict[str, Any]:
-    """INSERT a new row of ``model`` now, with the table's one Core
-    statement, instead of through the unit of work at the next flush (the
-    row does not join the session). Every column is sent, as the unit of
-    work sends it: ``values``, and each other field's default as the
-    model's constructor fills it (an unset autoincrement key is left to the
-    database). Returns the values sent; no entity is built."""
-    found = table(model)
+#: A new row to insert: its model, and the values given (the others: defaults).
+NewRow = tuple[type[SQLModel], dict[str, Any]]
+
+
+def insert_new(session: Session, *rows: NewRow) -> None:
+    """INSERT new ``rows`` now, with statements built once, instead of
+    through the unit of work at the next flush (the rows do not join the
+    session; no entity is built). Every column is sent, as the unit of work
+    sends it: the values given, and each other field's default as the
+    model's constructor fills it (an autoincrement key is left to the
+    database). On Postgres the rows are one statement (all but the last as
+    data-modifying CTEs: one round trip); on SQLite one statement each, in
+    order."""
+    filled = [_filled(model, values) for model, values in rows]
+    if len(rows) > 1 and session.get_bind().dialect.name == "postgresql":
+        params = {
+            f"r{i}_{key}": value for i, row in enumerate(filled) for key, value in row.items()
+        }
+        run(session, _insert_all(tuple(model for model, _ in rows)), params)
+        return
+    for (model, _), row in zip(rows, filled, strict=True):
+        run(session, _insert(model, ""), row)
+
+
+def _filled(model: type[SQLModel], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` and the defaults of every other column of ``model``'s."""
     row = dict(values)
     for name, default in _defaults(model):
         if name not in row:
             row[name] = default()
-    for key in _primary_key(found):
-        if row.get(key) is None:
-            row.pop(key, None)
-    run(session, _insert(found), row)
     return row
 
 
@@ -70,7 +93,10 @@ def insert_new(session: Session, model: type[SQLModel], **values: Any) -> dict[s
 def _defaults(model: type[SQLModel]) -> tuple[tuple[str, Callable[[], Any]], ...]:
     """Each field of ``model`` with what fills it when not given."""
     found = []
+    automatic = table(model).autoincrement_column
     for name, info in model.model_fields.items():
+        if automatic is not None and name == automatic.key:
+            continue  # the database's
         if info.default_factory is not None:
             found.append((name, cast(Callable[[], Any], info.default_factory)))
         elif info.default is PydanticUndefined:  # unset: the column's NULL
@@ -81,10 +107,22 @@ def _defaults(model: type[SQLModel]) -> tuple[tuple[str, Callable[[], Any]], ...
 
 
 @cache
-def _primary_key(found: Table) -> tuple[str, ...]:
-    return tuple(column.key for column in found.primary_key)
+def _insert(model: type[SQLModel], prefix: str) -> Insert:
+    """The INSERT of one row of ``model``: a parameter per column (named
+    ``prefix`` + its key), but the autoincrement key's."""
+    found = table(model)
+    return insert(found).values(
+        {
+            column.key: bindparam(prefix + column.key, type_=column.type)
+            for column in found.c
+            if column is not found.autoincrement_column
+        }
+    )
 
 
 @cache
-def _insert(found: Table) -> Insert:
-    return insert(found)
+def _insert_all(models: tuple[type[SQLModel], ...]) -> Insert:
+    """The INSERT of one row of each of ``models`` in one statement
+    (Postgres): the last row's, with the others' as CTEs."""
+    *first, last = [_insert(model, f"r{i}_") for i, model in enumerate(models)]
+    return last.add_cte(*(statement.cte(f"r{i}") for i, statement in enumerate(first)))

@@ -135,46 +135,41 @@ def start_child(
     _take_child_slot(rt, session, conv, turn)
     child = ConversationRef(new_id(), conv.root_id)
     child_turn = TurnRef(new_id(), turn.correlation_id)  # the job's, as the parent's
-    insert_new(
-        session,
-        Conversation,
-        id=child.id,
-        root_id=conv.root_id,
-        parent_id=conv.id,
-        depth=conv.depth + 1,
-        agent=child_spec.name,
-        agent_spec=child_spec.model_dump(mode="json"),
-        state=ConversationState.RUNNING.value,
-        turn_id=child_turn.id,
-        turns=1,
-        priority=conv.priority,
-    )
-    insert_new(
-        session,
-        Turn,
-        id=child_turn.id,
-        conversation_id=child.id,
-        root_id=conv.root_id,
-        number=0,
-        agent=child_spec.name,
-        input_text=task,
-        context_data=turn.context_data,
-        correlation_id=child_turn.correlation_id,
-        parent_call_id=call.id,
-        job_id=turn.job_id or turn.id,
-    )
-    if fork:
+    if fork:  # the copies first (flushed by the insert): the history's order
         copy_messages(session, conv.id, child.id)
-    insert_new(  # after the copies (flushed first): the history's order
-        session,
-        MessageRow,
-        conversation_id=child.id,
-        turn_id=child_turn.id,
-        step=0,
-        kind="input",
-        role="user",
-        content=[TextBlock(text=task).model_dump()],
-    )
+    conversation = {
+        "id": child.id,
+        "root_id": conv.root_id,
+        "parent_id": conv.id,
+        "depth": conv.depth + 1,
+        "agent": child_spec.name,
+        "agent_spec": child_spec.model_dump(mode="json"),
+        "state": ConversationState.RUNNING.value,
+        "turn_id": child_turn.id,
+        "turns": 1,
+        "priority": conv.priority,
+    }
+    first_turn = {
+        "id": child_turn.id,
+        "conversation_id": child.id,
+        "root_id": conv.root_id,
+        "number": 0,
+        "agent": child_spec.name,
+        "input_text": task,
+        "context_data": turn.context_data,
+        "correlation_id": child_turn.correlation_id,
+        "parent_call_id": call.id,
+        "job_id": turn.job_id or turn.id,
+    }
+    message = {
+        "conversation_id": child.id,
+        "turn_id": child_turn.id,
+        "step": 0,
+        "kind": "input",
+        "role": "user",
+        "content": [TextBlock(text=task).model_dump()],
+    }
+    insert_new(session, (Conversation, conversation), (Turn, first_turn), (MessageRow, message))
     outbox.record(
         EventName.SUBAGENT_STARTED,
         conv,
