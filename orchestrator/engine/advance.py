@@ -8,9 +8,9 @@ from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from
 from orchestrator.engine.handoffs import handoff_in, take_over, target_values
 from orchestrator.engine.outputs import view
-from orchestrator.engine.prebuilt import run, table
+from orchestrator.engine.prebuilt import run, table, unfinished
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import CALL_FINISHED, Conversation, MessageRow, ToolCallRow
+from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
 from schemas import ConversationState, ToolResultBlock
 
 
@@ -122,7 +122,7 @@ _READY = (
             _pending.c.turn_id == bindparam("turn_id"),
             _pending.c.step == bindparam("step"),
             _pending.c.segment == bindparam("segment"),
-            _pending.c.status.not_in(CALL_FINISHED),
+            unfinished(_pending.c.status),
         ),
     )
     .order_by(_CALLS.c.position)

@@ -109,6 +109,18 @@ def _by_position(keys: tuple[str, ...]) -> Update:
     return update(_CONVERSATION).where(*_AT_POSITION).values(_set(keys))
 
 
+#: A turn's end: its status, output, error and time.
+_END_TURN = (
+    update(_TURN)
+    .where(_TURN.c.id == bindparam("where_id"))
+    .values(
+        {
+            key: bindparam(f"set_{key}", type_=_TURN.c[key].type)
+            for key in ("status", "output", "error", "finished_at")
+        }
+    )
+)
+
 _END_EVENTS = {
     TurnStatus.COMPLETED: EventName.TURN_COMPLETED,
     TurnStatus.FAILED: EventName.TURN_FAILED,
@@ -146,11 +158,16 @@ def finish_turn(
         **values,
     ):
         return None
-    turn.status = status.value
-    turn.output = output
-    turn.error = error
-    turn.finished_at = utcnow()
-    session.add(turn)
+    ended = {"status": status.value, "output": output, "error": error, "finished_at": utcnow()}
+    answers = turn.parent_call_id is not None and notify_parent
+    if answers:  # written now, where the answer's flush wrote it: one Core update
+        run(session, _END_TURN, {"where_id": turn.id, **_set_params(ended)})
+        for key, value in ended.items():
+            set_committed_value(turn, key, value)
+    else:  # written with the transaction's other changes, at its flush
+        for key, value in ended.items():
+            setattr(turn, key, value)
+        session.add(turn)
     data: dict[str, Any] = {"status": status.value}
     if output is not None:
         data["output"] = output
@@ -165,7 +182,7 @@ def finish_turn(
     )
     if turn.parent_call_id is None:
         return [Dequeue(conv.id)]
-    if not notify_parent:
+    if not answers:
         return []
     return answer_parent(session, outbox, turn, status, output if output is not None else error)
 

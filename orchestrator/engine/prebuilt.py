@@ -9,12 +9,25 @@ life (``chorus.advance``, a child's start and end) use these.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from functools import cache
-from typing import Any
+from collections.abc import Callable, Mapping
+from copy import copy
+from functools import cache, partial
+from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, Insert, Table, insert
+from pydantic_core import PydanticUndefined
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Executable,
+    Insert,
+    Table,
+    bindparam,
+    insert,
+    literal,
+)
 from sqlmodel import Session, SQLModel
+
+from orchestrator.store.tables import CALL_FINISHED
 
 
 def table(model: type[SQLModel]) -> Table:
@@ -36,21 +49,80 @@ def run(session: Session, statement: Executable, params: Mapping[str, Any]) -> C
     return session.connection().execute(statement, params)
 
 
-def insert_rows(session: Session, *rows: SQLModel) -> None:
-    """INSERT new ``rows`` now, in order, each with its table's one Core
-    statement, instead of through the unit of work at the next flush (the
-    rows do not join the session). Every column is sent, as the unit of
-    work sends it; an unset autoincrement key is left to the database."""
-    for row in rows:
-        found = table(type(row))
-        values = {}
-        for column in found.c:
-            value = getattr(row, column.key)
-            if value is not None or not column.primary_key:
-                values[column.key] = value
-        run(session, _insert(found), values)
+def unfinished(status: ColumnElement[str]) -> ColumnElement[bool]:
+    """A tool call's ``status`` says it has no result yet. The finished
+    statuses are plain parameters, not an expanding one (``not_in`` of a
+    tuple): no rewriting of the statement's SQL per run."""
+    return status.not_in([literal(value) for value in CALL_FINISHED])
+
+
+#: A new row to insert: its model, and the values given (the others: defaults).
+NewRow = tuple[type[SQLModel], dict[str, Any]]
+
+
+def insert_new(session: Session, *rows: NewRow) -> None:
+    """INSERT new ``rows`` now, with statements built once, instead of
+    through the unit of work at the next flush (the rows do not join the
+    session; no entity is built). Every column is sent, as the unit of work
+    sends it: the values given, and each other field's default as the
+    model's constructor fills it (an autoincrement key is left to the
+    database). On Postgres the rows are one statement (all but the last as
+    data-modifying CTEs: one round trip); on SQLite one statement each, in
+    order."""
+    filled = [_filled(model, values) for model, values in rows]
+    if len(rows) > 1 and session.get_bind().dialect.name == "postgresql":
+        params = {
+            f"r{i}_{key}": value for i, row in enumerate(filled) for key, value in row.items()
+        }
+        run(session, _insert_all(tuple(model for model, _ in rows)), params)
+        return
+    for (model, _), row in zip(rows, filled, strict=True):
+        run(session, _insert(model, ""), row)
+
+
+def _filled(model: type[SQLModel], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` and the defaults of every other column of ``model``'s."""
+    row = dict(values)
+    for name, default in _defaults(model):
+        if name not in row:
+            row[name] = default()
+    return row
 
 
 @cache
-def _insert(found: Table) -> Insert:
-    return insert(found)
+def _defaults(model: type[SQLModel]) -> tuple[tuple[str, Callable[[], Any]], ...]:
+    """Each field of ``model`` with what fills it when not given."""
+    found = []
+    automatic = table(model).autoincrement_column
+    for name, info in model.model_fields.items():
+        if automatic is not None and name == automatic.key:
+            continue  # the database's
+        if info.default_factory is not None:
+            found.append((name, cast(Callable[[], Any], info.default_factory)))
+        elif info.default is PydanticUndefined:  # unset: the column's NULL
+            found.append((name, partial(copy, None)))
+        else:
+            found.append((name, partial(copy, info.default)))
+    return tuple(found)
+
+
+@cache
+def _insert(model: type[SQLModel], prefix: str) -> Insert:
+    """The INSERT of one row of ``model``: a parameter per column (named
+    ``prefix`` + its key), but the autoincrement key's."""
+    found = table(model)
+    return insert(found).values(
+        {
+            column.key: bindparam(prefix + column.key, type_=column.type)
+            for column in found.c
+            if column is not found.autoincrement_column
+        }
+    )
+
+
+@cache
+def _insert_all(models: tuple[type[SQLModel], ...]) -> Insert:
+    """The INSERT of one row of each of ``models`` in one statement
+    (Postgres): the last row's, with the others' as CTEs."""
+    *first, last = [_insert(model, f"r{i}_") for i, model in enumerate(models)]
+    return last.add_cte(*(statement.cte(f"r{i}") for i, statement in enumerate(first)))

@@ -19,18 +19,19 @@ from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
 from orchestrator.engine.budget import lock_job
 from orchestrator.engine.history import copy_messages
-from orchestrator.engine.prebuilt import insert_rows, run, table
+from orchestrator.engine.prebuilt import insert_new, run, table
+from orchestrator.engine.subagentstatements import (
+    CallerConversation,
+    CallerTurn,
+    ConversationRef,
+    TurnRef,
+    answer_call,
+)
+from orchestrator.engine.toolstatements import CallFields
 from orchestrator.errors import InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import (
-    CALL_FINISHED,
-    Conversation,
-    MessageRow,
-    ToolCallRow,
-    Turn,
-    utcnow,
-)
+from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, utcnow
 from schemas import AgentSpec, ConversationState, EventName, TextBlock, ToolSpec, TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
 
@@ -68,7 +69,7 @@ def subagent_tool(name: str) -> ToolSpec:
     )
 
 
-def _child_request(parent: AgentSpec, call: ToolCallRow) -> tuple[AgentSpec, str, bool]:
+def _child_request(parent: AgentSpec, call: CallFields) -> tuple[AgentSpec, str, bool]:
     name = call.tool.removeprefix(SUBAGENT_PREFIX)
     if name not in parent.subagents:
         raise InvalidRequestError(
@@ -87,7 +88,9 @@ def _child_request(parent: AgentSpec, call: ToolCallRow) -> tuple[AgentSpec, str
     return child, task, fork
 
 
-def _take_child_slot(rt: Runtime, session: Session, parent: Conversation, turn: Turn) -> None:
+def _take_child_slot(
+    rt: Runtime, session: Session, parent: CallerConversation, turn: CallerTurn
+) -> None:
     """Count the child against the depth limit and the job's fan-out limit.
 
     ``CHORUS_MAX_CHILDREN`` bounds the subagents one job starts (counted on
@@ -116,52 +119,57 @@ def start_child(
     rt: Runtime,
     session: Session,
     outbox: Outbox,
-    call: ToolCallRow,
-    turn: Turn,
-    conv: Conversation,
+    call: CallFields,
+    caller: tuple[CallerTurn, CallerConversation, AgentSpec],
 ) -> list[Action]:
     """Create the child conversation and its turn; a ChorusError means the
-    call is answered at once with an error result instead."""
+    call is answered at once with an error result instead. ``caller``: the
+    call's turn, its conversation and that conversation's agent.
+
+    The child's rows are inserted from their values (no entities: nothing
+    reads them in this transaction)."""
+    turn, conv, spec = caller
     if run(session, _CHILD_OF, {"call_id": call.id}).first():
         return []  # a redelivered copy: the child already exists
-    child_spec, task, fork = _child_request(AgentSpec.model_validate(conv.agent_spec), call)
+    child_spec, task, fork = _child_request(spec, call)
     _take_child_slot(rt, session, conv, turn)
-    child = Conversation(
-        root_id=conv.root_id,
-        parent_id=conv.id,
-        depth=conv.depth + 1,
-        agent=child_spec.name,
-        agent_spec=child_spec.model_dump(mode="json"),
-        state=ConversationState.RUNNING.value,
-        turns=1,
-        priority=conv.priority,
-    )
-    child_turn = Turn(
-        conversation_id=child.id,
-        root_id=conv.root_id,
-        number=0,
-        agent=child_spec.name,
-        input_text=task,
-        context_data=turn.context_data,
-        correlation_id=turn.correlation_id,
-        parent_call_id=call.id,
-        job_id=turn.job_id or turn.id,
-    )
-    child.turn_id = child_turn.id
-    insert_rows(session, child, child_turn)
-    if fork:
+    child = ConversationRef(new_id(), conv.root_id)
+    child_turn = TurnRef(new_id(), turn.correlation_id)  # the job's, as the parent's
+    if fork:  # the copies first (flushed by the insert): the history's order
         copy_messages(session, conv.id, child.id)
-    insert_rows(  # after the copies (flushed first): the history's order
-        session,
-        MessageRow(
-            conversation_id=child.id,
-            turn_id=child_turn.id,
-            step=0,
-            kind="input",
-            role="user",
-            content=[TextBlock(text=task).model_dump()],
-        ),
-    )
+    conversation = {
+        "id": child.id,
+        "root_id": conv.root_id,
+        "parent_id": conv.id,
+        "depth": conv.depth + 1,
+        "agent": child_spec.name,
+        "agent_spec": child_spec.model_dump(mode="json"),
+        "state": ConversationState.RUNNING.value,
+        "turn_id": child_turn.id,
+        "turns": 1,
+        "priority": conv.priority,
+    }
+    first_turn = {
+        "id": child_turn.id,
+        "conversation_id": child.id,
+        "root_id": conv.root_id,
+        "number": 0,
+        "agent": child_spec.name,
+        "input_text": task,
+        "context_data": turn.context_data,
+        "correlation_id": child_turn.correlation_id,
+        "parent_call_id": call.id,
+        "job_id": turn.job_id or turn.id,
+    }
+    message = {
+        "conversation_id": child.id,
+        "turn_id": child_turn.id,
+        "step": 0,
+        "kind": "input",
+        "role": "user",
+        "content": [TextBlock(text=task).model_dump()],
+    }
+    insert_new(session, (Conversation, conversation), (Turn, first_turn), (MessageRow, message))
     outbox.record(
         EventName.SUBAGENT_STARTED,
         conv,
@@ -174,7 +182,7 @@ def start_child(
         fork=fork,
     )
     outbox.record(EventName.TURN_STARTED, child, child_turn, 0, agent=child_spec.name, input=task)
-    return [RunStep(child.id, child_turn.id, 0, child.priority)]
+    return [RunStep(child.id, child_turn.id, 0, conv.priority)]
 
 
 _ENDINGS = {
@@ -190,37 +198,31 @@ def answer_parent(
     """Write the child's outcome as the parent's tool result and advance it."""
     assert child_turn.parent_call_id is not None
     is_error = status is not TurnStatus.COMPLETED
-    call = run(
+    call = answer_call(
         session,
-        _ANSWER,
-        {
-            "call_id": child_turn.parent_call_id,
-            "set_status": "failed" if is_error else "completed",
-            "set_result": answer if not is_error else f"Error: subagent {status.value}: {answer}",
-            "set_is_error": is_error,
-            "set_finished_at": utcnow(),
-        },
-    ).first()
+        child_turn.parent_call_id,
+        "failed" if is_error else "completed",
+        answer if not is_error else f"Error: subagent {status.value}: {answer}",
+        is_error,
+        utcnow(),
+    )
     if call is None:  # no such call, or it has its result already
         return []
-    parent = session.get(Conversation, call.conversation_id)
-    parent_turn = session.get(Turn, call.turn_id)
-    assert parent is not None and parent_turn is not None
     outbox.record(
         _ENDINGS[status],
-        parent,
-        parent_turn,
+        call.conversation,
+        call.turn,
         call.step,
         tool=call.tool,
         tool_request_id=call.tool_request_id,
         child_conversation_id=child_turn.conversation_id,
         result=answer,
     )
-    return [RunAdvance(parent.id, parent_turn.id, call.step, call.segment, parent.priority)]
+    conversation_id, turn_id = call.conversation.id, call.turn.id
+    return [RunAdvance(conversation_id, turn_id, call.step, call.segment, call.priority)]
 
 
 _TURNS = table(Turn)
-_CALLS = table(ToolCallRow)
 
 #: The child of a subagent call, if it was started already.
 _CHILD_OF = select(_TURNS.c.id).where(_TURNS.c.parent_call_id == bindparam("call_id"))
@@ -236,25 +238,4 @@ _TAKE_SLOT = (
         _TURNS.c.stop_status.is_(None),
     )
     .values(tree_children=_TURNS.c.tree_children + 1)
-)
-
-#: The call's one result (none if it has one already), returning what the
-#: parent's event and its advance need.
-_ANSWER = (
-    update(_CALLS)
-    .where(_CALLS.c.id == bindparam("call_id"), _CALLS.c.status.not_in(CALL_FINISHED))
-    .values(
-        {
-            key: bindparam(f"set_{key}", type_=_CALLS.c[key].type)
-            for key in ("status", "result", "is_error", "finished_at")
-        }
-    )
-    .returning(
-        _CALLS.c.conversation_id,
-        _CALLS.c.turn_id,
-        _CALLS.c.step,
-        _CALLS.c.segment,
-        _CALLS.c.tool,
-        _CALLS.c.tool_request_id,
-    )
 )

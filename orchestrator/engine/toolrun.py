@@ -7,19 +7,25 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import update
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from orchestrator import registry
 from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
-from orchestrator.engine.cancel import cancel_watch, stopping
+from orchestrator.engine.cancel import cancel_watch
 from orchestrator.engine.outputs import READ_TOOL_OUTPUT, archives, read_output
 from orchestrator.engine.subagents import is_subagent_call, start_child
+from orchestrator.engine.subagentstatements import (
+    CallerConversation,
+    CallerTurn,
+    claim_call,
+    read_call,
+)
 from orchestrator.engine.toolstatements import (
     RESULT,
     CallFields,
     Claimed,
+    ClaimedCall,
     ConversationFields,
     TurnFields,
     claim,
@@ -30,7 +36,7 @@ from orchestrator.events import Outbox
 from orchestrator.logs import bind
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
-from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
+from orchestrator.store.tables import CALL_FINISHED
 from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools import STOP_POLL, ToolContext, ToolStopped
 from schemas import AgentSpec, EventName, TurnStatus
@@ -165,14 +171,11 @@ def _claim(rt: Runtime, call_id: str, task_id: str | None) -> Claimed | None:
 
 def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Action]:
     """Claim a subagent call and start its child, in one transaction (a
-    claimed call always has its child or its error result)."""
+    claimed call always has its child or its error result). The call, its
+    turn, its job's stop mark and its conversation are one read of the
+    columns used (:func:`orchestrator.engine.subagentstatements.read_call`)."""
     with rt.transaction() as (session, outbox):
-        found = session.exec(
-            select(ToolCallRow, Turn, Conversation)
-            .join(Turn, col(Turn.id) == ToolCallRow.turn_id)
-            .join(Conversation, col(Conversation.id) == ToolCallRow.conversation_id)
-            .where(col(ToolCallRow.id) == call_id)
-        ).first()
+        found = read_call(session, call_id)
         if found is None:
             return []
         call, turn, conv = found
@@ -180,9 +183,10 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
             return []  # finished, its turn ended or its job stopping: _claim said so
         if call.status in CALL_FINISHED or turn.status != TurnStatus.RUNNING.value:
             return []
-        if stopping(session, turn):
-            return []  # the stop records this call cancelled
-        refused = refusal(AgentSpec.model_validate(conv.agent_spec), call.tool)
+        if turn.job_stop_status is not None:
+            return []  # the job is being stopped: the stop records this call cancelled
+        spec = AgentSpec.model_validate(conv.agent_spec)
+        refused = refusal(spec, call.tool)
         if refused is not None:  # never start a subagent the agent was not given
             _store_result(session, outbox, call, turn, conv, refused, True)
             return []
@@ -190,23 +194,12 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         if claimed is None:
             return []  # another copy finished it since the read above
         _bind(claimed, turn, conv)
-        return _delegate(rt, session, outbox, claimed, turn, conv)
+        return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
 
 
-def _claim_in(session: Session, call_id: str, task_id: str | None) -> ToolCallRow | None:
+def _claim_in(session: Session, call_id: str, task_id: str | None) -> ClaimedCall | None:
     """:func:`_claim` inside a transaction, for a subagent call."""
-    return session.execute(
-        update(ToolCallRow)
-        .where(col(ToolCallRow.id) == call_id, col(ToolCallRow.status).not_in(CALL_FINISHED))
-        .values(
-            status="running",
-            attempts=col(ToolCallRow.attempts) + 1,
-            started_at=utcnow(),
-            task_id=task_id,
-        )
-        .returning(ToolCallRow)
-        .execution_options(populate_existing=True)
-    ).scalar_one_or_none()
+    return claim_call(session, call_id, task_id)
 
 
 def _read(rt: Runtime, conv: ConversationFields, call: CallFields, limit: int) -> tuple[str, bool]:
@@ -272,17 +265,15 @@ def _delegate(
     rt: Runtime,
     session: Session,
     outbox: Outbox,
-    call: ToolCallRow,
-    turn: Turn,
-    conv: Conversation,
+    call: ClaimedCall,
+    caller: tuple[CallerTurn, CallerConversation, AgentSpec],
 ) -> list[Action]:
     """Start the child; a refused call (unknown subagent, bad arguments,
     depth or fan-out limit) is answered at once with an error result."""
     try:
-        return start_child(rt, session, outbox, call, turn, conv)
+        return start_child(rt, session, outbox, call, caller)
     except ChorusError as exc:
-        session.add(call)
-        session.flush()
+        turn, conv, _ = caller
         if _record_result(session, call, f"Error: {exc}", True):
             outbox.record(
                 EventName.SUBAGENT_FAILED,
