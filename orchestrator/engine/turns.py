@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import Table, bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -16,6 +16,7 @@ from orchestrator.engine.actions import Action, Deadline, RunStep
 from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
+from orchestrator.engine.newrows import insert_new
 from orchestrator.engine.prebuilt import run, table
 from orchestrator.errors import ConversationBusyError, InvalidRequestError
 from orchestrator.runtime import Runtime
@@ -90,9 +91,6 @@ def _check_request(settings: Settings, request: JobRequest) -> None:
 _CONVERSATIONS = table(Conversation)
 _TURNS = table(Turn)
 _MESSAGES = table(MessageRow)
-_INSERT_CONVERSATION = insert(_CONVERSATIONS)
-_INSERT_TURN = insert(_TURNS)
-_INSERT_MESSAGE = insert(_MESSAGES)
 _BY_KEY = select(_TURNS.c.id, _TURNS.c.conversation_id, _TURNS.c.root_id).where(
     _TURNS.c.idempotency_key == bindparam("key")
 )
@@ -140,9 +138,11 @@ def start_turn(
             if found:
                 return found, []
             turn_id = new_id()
-            conv, number = _claim_conversation(session, request, turn_id, spec.name, agent_spec)
+            conv, number, new = _claim_conversation(
+                session, request, turn_id, spec.name, agent_spec
+            )
             turn = _Ids(turn_id, conv.root_id, new_id())
-            _insert_turn(session, request, spec.name, budget, conv, turn, number)
+            insert_new(session, *new, *_turn_rows(request, spec.name, budget, conv, turn, number))
             if isinstance(conv, Conversation) and not move_cursor(
                 session,
                 conv,
@@ -183,81 +183,80 @@ def start_turn(
     return ref, actions
 
 
+#: A new row: its table and its values.
+_Row = tuple[Table, dict[str, Any]]
+
+
 def _claim_conversation(
     session: Session, request: JobRequest, turn_id: str, agent: str, agent_spec: dict[str, Any]
-) -> tuple[Conversation | _Ids, int]:
-    """The conversation the turn runs in, and the turn's number in it.
+) -> tuple[Conversation | _Ids, int, list[_Row]]:
+    """The conversation the turn runs in, the turn's number in it, and the
+    conversation's row if it is new.
 
     An existing one must be idle (its cursor is then moved by compare-and-set);
     a new one is inserted as it is once its first turn started, which is
     what an insert followed by that move would leave."""
     if request.conversation_id is not None:
         conv = load_idle(session, request.conversation_id)
-        return conv, conv.turns
+        return conv, conv.turns, []
     conv_id = new_id()
     now = utcnow()
-    run(
-        session,
-        _INSERT_CONVERSATION,
-        {
-            "id": conv_id,
-            "root_id": conv_id,
-            "agent": agent,
-            "agent_spec": agent_spec,
-            "plan": None,
-            "created_at": now,
-            "progress_at": now,
-            "state": ConversationState.RUNNING.value,
-            "turn_id": turn_id,
-            "cursor_step": 0,
-            "cursor_segment": -1,
-            "version": 1,
-            "turns": 1,
-            "priority": request.priority,
-        },
-    )
-    return _Ids(conv_id, conv_id, ""), 0
+    row = {
+        "id": conv_id,
+        "root_id": conv_id,
+        "agent": agent,
+        "agent_spec": agent_spec,
+        "created_at": now,
+        "progress_at": now,
+        "state": ConversationState.RUNNING.value,
+        "turn_id": turn_id,
+        "cursor_step": 0,
+        "cursor_segment": -1,
+        "version": 1,
+        "turns": 1,
+        "priority": request.priority,
+    }
+    return _Ids(conv_id, conv_id, ""), 0, [(_CONVERSATIONS, row)]
 
 
-def _insert_turn(
-    session: Session,
+def _turn_rows(
     request: JobRequest,
     agent: str,
     budget: Budget | None,
     conv: Conversation | _Ids,
     turn: _Ids,
     number: int,
-) -> None:
-    """INSERT the turn and its input message (the job of a top-level turn is itself)."""
-    run(
-        session,
-        _INSERT_TURN,
-        {
-            "id": turn.id,
-            "conversation_id": conv.id,
-            "root_id": conv.root_id,
-            "number": number,
-            "agent": agent,
-            "input_text": request.input,
-            "context_data": request.context_data,
-            "idempotency_key": request.idempotency_key,
-            "correlation_id": turn.correlation_id,
-            "job_id": turn.id,
-            "budget": budget.model_dump(mode="json") if budget else None,
-            "structured": None,
-            "started_at": utcnow(),
-        },
-    )
-    run(
-        session,
-        _INSERT_MESSAGE,
-        {
-            "conversation_id": conv.id,
-            "turn_id": turn.id,
-            "step": 0,
-            "kind": "input",
-            "role": "user",
-            "content": [TextBlock(text=request.input).model_dump()],
-            "created_at": utcnow(),
-        },
-    )
+) -> list[_Row]:
+    """The turn's row and its input message's (the job of a top-level turn is itself)."""
+    now = utcnow()
+    return [
+        (
+            _TURNS,
+            {
+                "id": turn.id,
+                "conversation_id": conv.id,
+                "root_id": conv.root_id,
+                "number": number,
+                "agent": agent,
+                "input_text": request.input,
+                "context_data": request.context_data,
+                "idempotency_key": request.idempotency_key,
+                "correlation_id": turn.correlation_id,
+                "job_id": turn.id,
+                "budget": budget.model_dump(mode="json") if budget else None,
+                "started_at": now,
+            },
+        ),
+        (
+            _MESSAGES,
+            {
+                "conversation_id": conv.id,
+                "turn_id": turn.id,
+                "step": 0,
+                "kind": "input",
+                "role": "user",
+                "content": [TextBlock(text=request.input).model_dump()],
+                "created_at": now,
+            },
+        ),
+    ]
