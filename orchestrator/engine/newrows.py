@@ -3,7 +3,7 @@
 A turn's start writes a few rows no one reads back (a conversation, a
 turn, its input message). On Postgres they go in ONE statement, every
 INSERT but the last as a data-modifying CTE (the statement is built once
-per tuple of tables, with a ``bindparam`` per column); SQLite has no DML
+per shape, with ``bindparam``s); SQLite has no DML
 in a CTE, so there each row is its own pre-built INSERT, in order. Either
 way every column is sent (its Python-side default, else None), as the
 ORM's unit of work sends a new object's, so the stored rows are the same.
@@ -11,7 +11,7 @@ ORM's unit of work sends a new object's, so the stored rows are the same.
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from sqlalchemy import Insert, Table, bindparam, insert
@@ -31,12 +31,37 @@ def insert_new(session: Session, *rows: tuple[Table, dict[str, Any]]) -> None:
         for found, values in full:
             run(session, _single(found), values)
         return
-    params = {
-        f"r{index}_{key}": value
-        for index, (_, values) in enumerate(full)
-        for key, value in values.items()
-    }
-    run(session, _combined(tuple((found, tuple(values)) for found, values in full)), params)
+    shape, params = _parameters(full)
+    run(session, _combined(shape), params)
+
+
+#: Per row, its table and its columns, each with the name of its parameter.
+_Shape = tuple[tuple[Table, tuple[tuple[str, str], ...]], ...]
+
+
+def _parameters(rows: list[tuple[Table, dict[str, Any]]]) -> tuple[_Shape, dict[str, Any]]:
+    """The statement's shape and its parameters. Equal plain values of
+    columns of one SQL type share a parameter (the rows' ids, their times,
+    the zeros and NULLs): psycopg caches its parsing of a query of at most
+    50 parameters only, and the rows have more columns than that."""
+    names: dict[Any, str] = {}
+    params: dict[str, Any] = {}
+    shape = []
+    for found, values in rows:
+        columns = []
+        for key, value in values.items():
+            same: Any = (type(found.c[key].type), type(value), value)
+            try:
+                hash(same)
+            except TypeError:  # a JSON document: a parameter of its own
+                same = len(params)
+            name = names.get(same)
+            if name is None:
+                name = names[same] = f"p{len(params)}"
+                params[name] = value
+            columns.append((key, name))
+        shape.append((found, tuple(columns)))
+    return tuple(shape), params
 
 
 def _complete(found: Table, values: dict[str, Any]) -> dict[str, Any]:
@@ -64,15 +89,14 @@ def _single(found: Table) -> Insert:
     return insert(found)
 
 
-@cache
-def _combined(shape: tuple[tuple[Table, tuple[str, ...]], ...]) -> Insert:
-    """The one statement inserting a row of each table (with those columns),
-    its parameters named ``r<index>_<column>``."""
+@lru_cache(maxsize=64)
+def _combined(shape: _Shape) -> Insert:
+    """The one statement inserting a row of each table of ``shape``."""
     inserts = [
         insert(found).values(
-            {key: bindparam(f"r{index}_{key}", type_=found.c[key].type) for key in keys}
+            {key: bindparam(name, type_=found.c[key].type) for key, name in columns}
         )
-        for index, (found, keys) in enumerate(shape)
+        for found, columns in shape
     ]
     statement = inserts[-1]
     for index, earlier in enumerate(inserts[:-1]):
