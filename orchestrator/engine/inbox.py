@@ -26,9 +26,11 @@ import logging
 from collections import defaultdict
 from typing import Any
 
+from sqlalchemy import bindparam
 from sqlmodel import Session, col, select
 
 from orchestrator.engine.actions import Action, Dequeue
+from orchestrator.engine.prebuilt import run, table
 from orchestrator.engine.turns import check_input, start_turn
 from orchestrator.errors import (
     ChorusError,
@@ -95,6 +97,13 @@ def clear(rt: Runtime, conversation_id: str) -> int:
     return count
 
 
+_CONVERSATIONS = table(Conversation)
+#: What :func:`dequeue` reads of the conversation (a pre-built Core select).
+_STATE = select(_CONVERSATIONS.c.state, _CONVERSATIONS.c.agent_spec).where(
+    _CONVERSATIONS.c.id == bindparam("id")
+)
+
+
 def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
     """Start a turn for the oldest queued message if the conversation is idle."""
     key = inbox(rt.settings.redis_prefix, conversation_id)
@@ -106,7 +115,7 @@ def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
         entry_id, fields = entries[0]
         original = fields.get("entry", entry_id)  # a rebuilt entry keeps its first id
         with rt.session() as session:
-            conv = session.get(Conversation, conversation_id)
+            conv = run(session, _STATE, {"id": conversation_id}).first()
         if conv is None:
             rt.redis.delete(key)
             _forget(rt, conversation_id)
@@ -145,10 +154,14 @@ def _enqueue(rt: Runtime, conversation_id: str, fields: dict[str, str]) -> str:
 def _forget(rt: Runtime, conversation_id: str) -> None:
     """Take the conversation out of the set of inboxes, unless a message
     arrived meanwhile (:func:`_enqueue` adds to the stream and the set at
-    once, so it is either seen by the length check or adds itself back)."""
+    once, so it is either seen by the length check or adds itself back).
+    The removal and the check go in one MULTI: one round trip, and nothing
+    runs between them."""
     prefix = rt.settings.redis_prefix
-    rt.redis.srem(inboxes(prefix), conversation_id)
-    if rt.redis.xlen(inbox(prefix, conversation_id)):
+    pipe = rt.redis.pipeline()
+    pipe.srem(inboxes(prefix), conversation_id)
+    pipe.xlen(inbox(prefix, conversation_id))
+    if pipe.execute()[1]:
         rt.redis.sadd(inboxes(prefix), conversation_id)
 
 

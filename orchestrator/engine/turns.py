@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
+from sqlalchemy import Table, bindparam, select
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from orchestrator import registry
 from orchestrator.context import transformer
@@ -14,13 +16,15 @@ from orchestrator.engine.actions import Action, Deadline, RunStep
 from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
+from orchestrator.engine.newrows import insert_new
+from orchestrator.engine.prebuilt import run, table
 from orchestrator.errors import ConversationBusyError, InvalidRequestError
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings
 from orchestrator.specs import check_spec
-from orchestrator.store.tables import Conversation, MessageRow, Turn
+from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, utcnow
 from orchestrator.store.values import check
-from schemas import AgentSpec, ConversationState, EventName, JobRequest, TextBlock
+from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest, TextBlock
 from schemas.jobs import MAX_CONTEXT_BYTES
 
 
@@ -84,11 +88,28 @@ def _check_request(settings: Settings, request: JobRequest) -> None:
         )
 
 
+_CONVERSATIONS = table(Conversation)
+_TURNS = table(Turn)
+_MESSAGES = table(MessageRow)
+_BY_KEY = select(_TURNS.c.id, _TURNS.c.conversation_id, _TURNS.c.root_id).where(
+    _TURNS.c.idempotency_key == bindparam("key")
+)
+
+
 def _existing(session: Session, key: str | None) -> TurnRef | None:
     if key is None:
         return None
-    turn = session.exec(select(Turn).where(Turn.idempotency_key == key)).first()
-    return TurnRef(turn.id, turn.conversation_id, turn.root_id) if turn else None
+    found = run(session, _BY_KEY, {"key": key}).first()
+    return TurnRef(found.id, found.conversation_id, found.root_id) if found else None
+
+
+class _Ids(NamedTuple):
+    """The ids an event names of a row stored here without an ORM object
+    (see :class:`~orchestrator.events.ConversationIds` and ``TurnIds``)."""
+
+    id: str
+    root_id: str
+    correlation_id: str
 
 
 def start_turn(
@@ -99,49 +120,39 @@ def start_turn(
     Submitting again with the same idempotency key returns the first turn
     and starts nothing. ``queued_entry`` names the queued message this turn
     takes (recorded as ``message.dequeued``).
+
+    The rows are written with pre-built Core INSERTs (no ORM object is read
+    back): a new conversation is inserted already running its first turn,
+    as nothing else can see it before the commit; an existing one is moved
+    by the compare-and-set of :func:`~orchestrator.engine.cursor.move_cursor`
+    after the turn's rows, as before.
     """
     spec = resolve_agent(request.agent)
     if queued_entry is None:  # a queued message was checked when it was sent: a
         _check_request(rt.settings, request)  # worker's lower cap must not drop it
+    budget = request.budget or spec.budget
+    agent_spec = spec.model_dump(mode="json")
     try:
         with rt.transaction() as (session, outbox):
             found = _existing(session, request.idempotency_key)
             if found:
                 return found, []
-            conv = _claim_conversation(session, request.conversation_id, spec)
-            turn = Turn(
-                conversation_id=conv.id,
-                root_id=conv.root_id,
-                number=conv.turns,
-                agent=spec.name,
-                input_text=request.input,
-                context_data=request.context_data,
-                idempotency_key=request.idempotency_key,
+            turn_id = new_id()
+            conv, number, new = _claim_conversation(
+                session, request, turn_id, spec.name, agent_spec
             )
-            turn.job_id = turn.id
-            budget = request.budget or spec.budget
-            turn.budget = budget.model_dump(mode="json") if budget else None
-            session.add(turn)
-            session.add(
-                MessageRow(
-                    conversation_id=conv.id,
-                    turn_id=turn.id,
-                    step=0,
-                    kind="input",
-                    role="user",
-                    content=[TextBlock(text=request.input).model_dump()],
-                )
-            )
-            if not move_cursor(
+            turn = _Ids(turn_id, conv.root_id, new_id())
+            insert_new(session, *new, *_turn_rows(request, spec.name, budget, conv, turn, number))
+            if isinstance(conv, Conversation) and not move_cursor(
                 session,
                 conv,
                 state=ConversationState.RUNNING.value,
                 turn_id=turn.id,
                 cursor_step=0,
                 cursor_segment=-1,
-                turns=conv.turns + 1,
+                turns=number + 1,
                 agent=spec.name,
-                agent_spec=spec.model_dump(mode="json"),
+                agent_spec=agent_spec,
                 priority=request.priority,
             ):
                 raise ConversationBusyError(conv.id)
@@ -172,14 +183,80 @@ def start_turn(
     return ref, actions
 
 
+#: A new row: its table and its values.
+_Row = tuple[Table, dict[str, Any]]
+
+
 def _claim_conversation(
-    session: Session, conversation_id: str | None, spec: AgentSpec
-) -> Conversation:
-    if conversation_id is None:
-        conv = Conversation(agent=spec.name, root_id="")
-        conv.root_id = conv.id
-        conv.agent_spec = spec.model_dump(mode="json")
-        session.add(conv)
-        session.flush()
-        return conv
-    return load_idle(session, conversation_id)
+    session: Session, request: JobRequest, turn_id: str, agent: str, agent_spec: dict[str, Any]
+) -> tuple[Conversation | _Ids, int, list[_Row]]:
+    """The conversation the turn runs in, the turn's number in it, and the
+    conversation's row if it is new.
+
+    An existing one must be idle (its cursor is then moved by compare-and-set);
+    a new one is inserted as it is once its first turn started, which is
+    what an insert followed by that move would leave."""
+    if request.conversation_id is not None:
+        conv = load_idle(session, request.conversation_id)
+        return conv, conv.turns, []
+    conv_id = new_id()
+    now = utcnow()
+    row = {
+        "id": conv_id,
+        "root_id": conv_id,
+        "agent": agent,
+        "agent_spec": agent_spec,
+        "created_at": now,
+        "progress_at": now,
+        "state": ConversationState.RUNNING.value,
+        "turn_id": turn_id,
+        "cursor_step": 0,
+        "cursor_segment": -1,
+        "version": 1,
+        "turns": 1,
+        "priority": request.priority,
+    }
+    return _Ids(conv_id, conv_id, ""), 0, [(_CONVERSATIONS, row)]
+
+
+def _turn_rows(
+    request: JobRequest,
+    agent: str,
+    budget: Budget | None,
+    conv: Conversation | _Ids,
+    turn: _Ids,
+    number: int,
+) -> list[_Row]:
+    """The turn's row and its input message's (the job of a top-level turn is itself)."""
+    now = utcnow()
+    return [
+        (
+            _TURNS,
+            {
+                "id": turn.id,
+                "conversation_id": conv.id,
+                "root_id": conv.root_id,
+                "number": number,
+                "agent": agent,
+                "input_text": request.input,
+                "context_data": request.context_data,
+                "idempotency_key": request.idempotency_key,
+                "correlation_id": turn.correlation_id,
+                "job_id": turn.id,
+                "budget": budget.model_dump(mode="json") if budget else None,
+                "started_at": now,
+            },
+        ),
+        (
+            _MESSAGES,
+            {
+                "conversation_id": conv.id,
+                "turn_id": turn.id,
+                "step": 0,
+                "kind": "input",
+                "role": "user",
+                "content": [TextBlock(text=request.input).model_dump()],
+                "created_at": now,
+            },
+        ),
+    ]
