@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from copy import copy
-from functools import cache, partial
+from functools import cache, lru_cache, partial
 from typing import Any, cast
 
 from pydantic_core import PydanticUndefined
@@ -68,16 +68,47 @@ def insert_new(session: Session, *rows: NewRow) -> None:
     model's constructor fills it (an autoincrement key is left to the
     database). On Postgres the rows are one statement (all but the last as
     data-modifying CTEs: one round trip); on SQLite one statement each, in
-    order."""
+    order. Raises the database's error (an ``IntegrityError`` on a unique
+    key) as separate INSERTs would."""
     filled = [_filled(model, values) for model, values in rows]
     if len(rows) > 1 and session.get_bind().dialect.name == "postgresql":
-        params = {
-            f"r{i}_{key}": value for i, row in enumerate(filled) for key, value in row.items()
-        }
-        run(session, _insert_all(tuple(model for model, _ in rows)), params)
+        shape, params = _shared([model for model, _ in rows], filled)
+        run(session, _insert_all(shape), params)
         return
     for (model, _), row in zip(rows, filled, strict=True):
-        run(session, _insert(model, ""), row)
+        run(session, _insert(model), row)
+
+
+#: Per row, its model and its columns, each with the name of its parameter.
+_Shape = tuple[tuple[type[SQLModel], tuple[tuple[str, str], ...]], ...]
+
+
+def _shared(
+    models: list[type[SQLModel]], rows: list[dict[str, Any]]
+) -> tuple[_Shape, dict[str, Any]]:
+    """The statement's shape and its parameters. Equal plain values of
+    columns of one SQL type share a parameter (the rows' ids, their times,
+    the zeros and NULLs): psycopg caches its parsing of a query of at most
+    50 parameters only, and three rows have more columns than that."""
+    names: dict[Any, str] = {}
+    params: dict[str, Any] = {}
+    shape = []
+    for model, row in zip(models, rows, strict=True):
+        found = table(model)
+        columns = []
+        for key, value in row.items():
+            same: Any = (type(found.c[key].type), type(value), value)
+            try:
+                hash(same)
+            except TypeError:  # a JSON document: a parameter of its own
+                same = len(params)
+            name = names.get(same)
+            if name is None:
+                name = names[same] = f"p{len(params)}"
+                params[name] = value
+            columns.append((key, name))
+        shape.append((model, tuple(columns)))
+    return tuple(shape), params
 
 
 def _filled(model: type[SQLModel], values: dict[str, Any]) -> dict[str, Any]:
@@ -107,22 +138,30 @@ def _defaults(model: type[SQLModel]) -> tuple[tuple[str, Callable[[], Any]], ...
 
 
 @cache
-def _insert(model: type[SQLModel], prefix: str) -> Insert:
+def _insert(model: type[SQLModel]) -> Insert:
     """The INSERT of one row of ``model``: a parameter per column (named
-    ``prefix`` + its key), but the autoincrement key's."""
+    by its key), but the autoincrement key's."""
     found = table(model)
     return insert(found).values(
         {
-            column.key: bindparam(prefix + column.key, type_=column.type)
+            column.key: bindparam(column.key, type_=column.type)
             for column in found.c
             if column is not found.autoincrement_column
         }
     )
 
 
-@cache
-def _insert_all(models: tuple[type[SQLModel], ...]) -> Insert:
-    """The INSERT of one row of each of ``models`` in one statement
+@lru_cache(maxsize=64)
+def _insert_all(shape: _Shape) -> Insert:
+    """The INSERT of one row of each model of ``shape`` in one statement
     (Postgres): the last row's, with the others' as CTEs."""
-    *first, last = [_insert(model, f"r{i}_") for i, model in enumerate(models)]
+    inserts = []
+    for model, columns in shape:
+        found = table(model)
+        inserts.append(
+            insert(found).values(
+                {key: bindparam(name, type_=found.c[key].type) for key, name in columns}
+            )
+        )
+    *first, last = inserts
     return last.add_cte(*(statement.cte(f"r{i}") for i, statement in enumerate(first)))

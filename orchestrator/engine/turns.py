@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import Table, bindparam, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -16,8 +16,7 @@ from orchestrator.engine.actions import Action, Deadline, RunStep
 from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
-from orchestrator.engine.newrows import insert_new
-from orchestrator.engine.prebuilt import run, table
+from orchestrator.engine.prebuilt import NewRow, insert_new, run, table
 from orchestrator.errors import ConversationBusyError, InvalidRequestError
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings
@@ -88,9 +87,7 @@ def _check_request(settings: Settings, request: JobRequest) -> None:
         )
 
 
-_CONVERSATIONS = table(Conversation)
 _TURNS = table(Turn)
-_MESSAGES = table(MessageRow)
 _BY_KEY = select(_TURNS.c.id, _TURNS.c.conversation_id, _TURNS.c.root_id).where(
     _TURNS.c.idempotency_key == bindparam("key")
 )
@@ -183,13 +180,9 @@ def start_turn(
     return ref, actions
 
 
-#: A new row: its table and its values.
-_Row = tuple[Table, dict[str, Any]]
-
-
 def _claim_conversation(
     session: Session, request: JobRequest, turn_id: str, agent: str, agent_spec: dict[str, Any]
-) -> tuple[Conversation | _Ids, int, list[_Row]]:
+) -> tuple[Conversation | _Ids, int, list[NewRow]]:
     """The conversation the turn runs in, the turn's number in it, and the
     conversation's row if it is new.
 
@@ -216,7 +209,7 @@ def _claim_conversation(
         "turns": 1,
         "priority": request.priority,
     }
-    return _Ids(conv_id, conv_id, ""), 0, [(_CONVERSATIONS, row)]
+    return _Ids(conv_id, conv_id, ""), 0, [(Conversation, row)]
 
 
 def _turn_rows(
@@ -226,12 +219,12 @@ def _turn_rows(
     conv: Conversation | _Ids,
     turn: _Ids,
     number: int,
-) -> list[_Row]:
+) -> list[NewRow]:
     """The turn's row and its input message's (the job of a top-level turn is itself)."""
     now = utcnow()
     return [
         (
-            _TURNS,
+            Turn,
             {
                 "id": turn.id,
                 "conversation_id": conv.id,
@@ -248,7 +241,7 @@ def _turn_rows(
             },
         ),
         (
-            _MESSAGES,
+            MessageRow,
             {
                 "conversation_id": conv.id,
                 "turn_id": turn.id,
