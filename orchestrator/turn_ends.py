@@ -62,6 +62,7 @@ class TurnEnds:
         """Call ``wake`` (from the checking thread) once a check finds the
         turn finished, while the block runs."""
         with self._lock:
+            idle = not self._watched
             self._watched.setdefault(turn_id, set()).add(wake)
             if self._thread is None or not self._thread.is_alive():
                 self._closed = False
@@ -69,7 +70,9 @@ class TurnEnds:
                     target=self._run, name="chorus-turn-ends", daemon=True
                 )
                 self._thread.start()
-            self._lock.notify_all()
+            elif idle:  # the thread sleeps until there is a turn to watch;
+                # a busier one keeps its period (a burst of waiters is one check)
+                self._lock.notify_all()
         try:
             yield
         finally:
