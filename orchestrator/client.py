@@ -38,7 +38,7 @@ from orchestrator.events import (
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
-from orchestrator.store.tables import Conversation, EventRow, Turn
+from orchestrator.store.tables import Conversation, EventRow, Turn, table
 from orchestrator.store.values import check, problem
 from orchestrator.streams import StreamReader, Subscription
 from orchestrator.turn_ends import TurnEnds
@@ -359,7 +359,7 @@ def _rest(job: Job, correlation_id: str, after: int, waiter: _Waiter) -> list[Ev
     return _stored(job, correlation_id, after)
 
 
-_TURN = Turn.__table__  # type: ignore[attr-defined]
+_TURN = table(Turn)
 #: What :meth:`Job.status` reads, built once (its cache key is memoized) and
 #: run as Core: the columns it shows, not the whole ORM row.
 _STATUS = select(

@@ -42,7 +42,6 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     Insert,
-    Table,
     Update,
     bindparam,
     exists,
@@ -56,7 +55,7 @@ from sqlalchemy import (
 from sqlmodel import Session, col
 
 from orchestrator.keys import events_stream
-from orchestrator.store.tables import EventRow, utcnow
+from orchestrator.store.tables import EventRow, table, utcnow
 from schemas import Event, EventName
 
 log = logging.getLogger(__name__)
@@ -176,7 +175,7 @@ class Pending(NamedTuple):
     created_at: datetime
 
 
-_TABLE: Table = EventRow.__table__  # type: ignore[attr-defined]
+_TABLE = table(EventRow)
 #: The columns a :class:`Pending` event fills.
 _COLUMNS = Pending._fields
 _NAME = _COLUMNS.index("name")

@@ -19,7 +19,7 @@ from sqlalchemy import String, any_, bindparam, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Turn
+from orchestrator.store.tables import Turn, table
 from schemas import TurnStatus
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ EVERY = 1.0
 #: Turns named in one statement.
 CHUNK = 500
 
-_TURN = Turn.__table__  # type: ignore[attr-defined]
+_TURN = table(Turn)
 _FINISHED = _TURN.c.status != TurnStatus.RUNNING.value
 #: Built once (their cache keys are memoized, so each run skips
 #: construction). Postgres: the ids as one array parameter, so the SQL text

@@ -8,9 +8,9 @@ from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from
 from orchestrator.engine.handoffs import handoff_in, take_over, target_values
 from orchestrator.engine.outputs import view
-from orchestrator.engine.prebuilt import run, table, unfinished
+from orchestrator.engine.prebuilt import run, unfinished
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
+from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, table
 from schemas import ConversationState, ToolResultBlock
 
 

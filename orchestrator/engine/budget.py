@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import bindparam, select, update
 from sqlmodel import Session
 
 from orchestrator.events import Outbox
-from orchestrator.store.tables import Conversation, Turn, utcnow
+from orchestrator.store.tables import Conversation, Turn, table, utcnow
 from schemas import Budget, EventName, Usage
 
 #: What the model is told when the tool-call budget is spent.
@@ -26,8 +26,8 @@ NO_MORE_TOOLS = (
 )
 
 
-_TURNS: Table = Turn.__table__  # type: ignore[attr-defined]
-_CONVERSATIONS: Table = Conversation.__table__  # type: ignore[attr-defined]
+_TURNS = table(Turn)
+_CONVERSATIONS = table(Conversation)
 
 #: The job's root conversation row, locked (:func:`lock_job`). Statements
 #: built once, executed with parameters: no statement building and no

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, case
+from sqlalchemy import bindparam, case
 from sqlalchemy import select as select_columns
 from sqlmodel import Session, col, select
 
@@ -43,7 +43,7 @@ from orchestrator import context
 from orchestrator.context import TransformContext
 from orchestrator.llm.call import openai_messages, system_message
 from orchestrator.ratelimit import json_chars
-from orchestrator.store.tables import CheckpointRow, MessageRow
+from orchestrator.store.tables import CheckpointRow, MessageRow, table
 from orchestrator.toolnames import alias
 from schemas import AgentSpec, Message, Role, Usage, content_blocks_adapter
 
@@ -88,8 +88,8 @@ def load_rows(session: Session, conversation_id: str, after: int = 0) -> list[Me
 # them per call and generating their cache keys cost more CPU than running
 # them. Plain rows of the tables, no ORM entities.
 
-_CHECKPOINTS: Table = CheckpointRow.__table__  # type: ignore[attr-defined]
-_MESSAGES: Table = MessageRow.__table__  # type: ignore[attr-defined]
+_CHECKPOINTS = table(CheckpointRow)
+_MESSAGES = table(MessageRow)
 
 _LATEST_CHECKPOINT = (
     select_columns(_CHECKPOINTS.c.boundary_message_id, _CHECKPOINTS.c.summary)

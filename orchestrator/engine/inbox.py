@@ -30,7 +30,7 @@ from sqlalchemy import bindparam
 from sqlmodel import Session, col, select
 
 from orchestrator.engine.actions import Action, Dequeue
-from orchestrator.engine.prebuilt import run, table
+from orchestrator.engine.prebuilt import run
 from orchestrator.engine.turns import check_input, start_turn
 from orchestrator.errors import (
     ChorusError,
@@ -39,7 +39,7 @@ from orchestrator.errors import (
 )
 from orchestrator.keys import inbox, inboxes, inboxes_restored
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, EventRow, Turn
+from orchestrator.store.tables import Conversation, EventRow, Turn, table
 from schemas import AgentSpec, ConversationState, EventName, JobRequest
 
 log = logging.getLogger(__name__)

@@ -20,14 +20,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import Table, bindparam, update
+from sqlalchemy import bindparam, update
 
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, utcnow
+from orchestrator.store.tables import Conversation, table, utcnow
 
 log = logging.getLogger(__name__)
 
-_CONVERSATIONS: Table = Conversation.__table__  # type: ignore[attr-defined]
+_CONVERSATIONS = table(Conversation)
 
 #: The heartbeat's one UPDATE, built once: by primary key, then owner (no
 #: scan of the table); it returns the owners whose leases it extended.

@@ -20,22 +20,13 @@ from sqlalchemy import (
     CursorResult,
     Executable,
     Insert,
-    Table,
     bindparam,
     insert,
     literal,
 )
 from sqlmodel import Session, SQLModel
 
-from orchestrator.store.tables import CALL_FINISHED
-
-
-def table(model: type[SQLModel]) -> Table:
-    """The Core table of a SQLModel table class (SQLModel leaves
-    ``__table__`` untyped)."""
-    found = model.__table__  # type: ignore[attr-defined]
-    assert isinstance(found, Table)
-    return found
+from orchestrator.store.tables import CALL_FINISHED, table
 
 
 def run(session: Session, statement: Executable, params: Mapping[str, Any]) -> CursorResult[Any]:

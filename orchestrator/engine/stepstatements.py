@@ -11,20 +11,20 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Table, Update, bindparam, func, insert, or_, update
+from sqlalchemy import Update, bindparam, func, insert, or_, update
 from sqlalchemy import select as select_columns
 from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
 from orchestrator.engine.budget import TREE_TOTALS
 from orchestrator.engine.output import FINAL_ANSWER
-from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn
+from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
 from schemas import ConversationState
 
-_CONVERSATIONS: Table = Conversation.__table__  # type: ignore[attr-defined]
-_TURNS: Table = Turn.__table__  # type: ignore[attr-defined]
-_MESSAGES: Table = MessageRow.__table__  # type: ignore[attr-defined]
-_TOOL_CALLS: Table = ToolCallRow.__table__  # type: ignore[attr-defined]
+_CONVERSATIONS = table(Conversation)
+_TURNS = table(Turn)
+_MESSAGES = table(MessageRow)
+_TOOL_CALLS = table(ToolCallRow)
 
 _JOB = aliased(Turn, name="job")
 

@@ -19,7 +19,7 @@ from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
 from orchestrator.engine.budget import lock_job
 from orchestrator.engine.history import copy_messages
-from orchestrator.engine.prebuilt import insert_new, run, table
+from orchestrator.engine.prebuilt import insert_new, run
 from orchestrator.engine.subagentstatements import (
     CallerConversation,
     CallerTurn,
@@ -31,7 +31,7 @@ from orchestrator.engine.toolstatements import CallFields
 from orchestrator.errors import InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, utcnow
+from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
 from schemas import AgentSpec, ConversationState, EventName, TextBlock, ToolSpec, TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
 

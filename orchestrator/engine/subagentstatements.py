@@ -17,10 +17,10 @@ from typing import Any, NamedTuple
 from sqlalchemy import bindparam, func, select, true, update
 from sqlmodel import Session
 
-from orchestrator.engine.prebuilt import run, table, unfinished
+from orchestrator.engine.prebuilt import run, unfinished
 from orchestrator.engine.toolstatements import ClaimedCall
 from orchestrator.store.db import returns_joined_rows
-from orchestrator.store.tables import Conversation, ToolCallRow, Turn, utcnow
+from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
 
 
 class SubagentCall(NamedTuple):

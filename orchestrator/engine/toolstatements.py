@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import Table, bindparam, func, literal, select, true, update
+from sqlalchemy import bindparam, func, literal, select, true, update
 from sqlmodel import Session
 
 from orchestrator.events import ConversationIds, TurnIds
 from orchestrator.store.db import returns_joined_rows
-from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
+from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, table, utcnow
 from schemas import TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
 
@@ -80,9 +80,9 @@ class ClaimedConversation(NamedTuple):
 
 Claimed = tuple[ClaimedCall, ClaimedTurn, ClaimedConversation]
 
-_CALL: Table = ToolCallRow.__table__  # type: ignore[attr-defined]
-_TURN: Table = Turn.__table__  # type: ignore[attr-defined]
-_CONVERSATION: Table = Conversation.__table__  # type: ignore[attr-defined]
+_CALL = table(ToolCallRow)
+_TURN = table(Turn)
+_CONVERSATION = table(Conversation)
 _JOB = _TURN.alias("job")
 
 _CALL_COLUMNS = [_CALL.c[name] for name in ClaimedCall._fields]

@@ -16,12 +16,12 @@ from orchestrator.engine.actions import Action, Deadline, RunStep
 from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
-from orchestrator.engine.prebuilt import NewRow, insert_new, run, table
+from orchestrator.engine.prebuilt import NewRow, insert_new, run
 from orchestrator.errors import ConversationBusyError, InvalidRequestError
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings
 from orchestrator.specs import check_spec
-from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, utcnow
+from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
 from orchestrator.store.values import check
 from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest, TextBlock
 from schemas.jobs import MAX_CONTEXT_BYTES

@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Table, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -236,3 +236,11 @@ class EventRow(SQLModel, table=True):
     created_at: datetime = _time()
 
     __table_args__ = (UniqueConstraint("root_id", "seq", name="uq_chorus_event_seq"),)
+
+
+def table(model: type[SQLModel]) -> Table:
+    """The Core table of a SQLModel table class (SQLModel leaves
+    ``__table__`` untyped)."""
+    found = model.__table__  # type: ignore[attr-defined]
+    assert isinstance(found, Table)
+    return found
