@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import bindparam, func, literal, select, true, update
+from sqlalchemy import bindparam, func, select, true, update
 from sqlmodel import Session
 
+from orchestrator.engine.prebuilt import unfinished
 from orchestrator.events import ConversationIds, TurnIds
 from orchestrator.store.db import returns_joined_rows
-from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, table, utcnow
+from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
 from schemas import TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
 
@@ -91,7 +92,7 @@ _CONVERSATION_COLUMNS = [_CONVERSATION.c[name] for name in ClaimedConversation._
 _CALL_END = len(_CALL_COLUMNS)
 #: The call has no result yet. The statuses are plain parameters, not an
 #: expanding one (``not_in`` of a tuple): no rewriting of the SQL per run.
-_UNFINISHED = _CALL.c.status.not_in([literal(status) for status in CALL_FINISHED])
+_UNFINISHED = unfinished(_CALL.c.status)
 _TURN_END = _CALL_END + len(_TURN_COLUMNS)
 
 #: Mark the call running unless it has its result, its turn has ended, its
