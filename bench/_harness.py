@@ -53,8 +53,7 @@ def database(admin_url: str, run_id: str) -> Iterator[str]:
     finally:
         from orchestrator.store.db import get_engine
 
-        if get_engine.cache_info().currsize:
-            get_engine(url).dispose()
+        get_engine(url).dispose()  # engines are built lazily: this one may be new
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

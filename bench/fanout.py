@@ -6,8 +6,8 @@ For each size N (``--sizes``, default 10,100,1000), the agent
 ``bench-fanout-<N>`` (``bench/fanout_tasks.py``) has a scripted model whose
 first reply calls ``subagent__bench-fanout-child`` N times at once (one
 parallelizable segment: a chord of N ``chorus.tool`` tasks, each creating a
-child conversation and its turn); each child's scripted model answers at
-once, without tools; when the last child has answered, the parent's model
+child conversation and its turn); each child's model answers at once,
+without tools; when the last child has answered, the parent's model
 is called again and answers ``children=N ok=N`` (checked). A timed run is
 ``Client.submit(...).result()`` seen from this process: wall time from
 submit to result, divided by N, is the **per-child cost**. Each size runs
@@ -17,6 +17,15 @@ largest median per-child cost to the smallest (flat fan-out: close to 1),
 then the marginal cost per child between consecutive sizes and the fixed
 per-turn part this leaves at the smallest size, which tells a fixed cost
 (it weighs on small N) from a per-child cost that grows with N.
+
+The child's model (``--model``): ``loopback`` (default) is
+``openai/loopback-bench`` through litellm at an OpenAI-compatible server on
+loopback answering at once (``bench/loopback_server.py``, its own process,
+outside the workers' CPU): the openai SDK path that OpenAI-protocol
+providers take, as in ``bench/step_overhead.py``. ``scripted`` is a
+scripted model reached through litellm's custom-provider stream path, no
+HTTP: its model client costs several ms of CPU more per child
+(litellm's stream wrapper), all of it in the workers.
 
 The warm-up (excluded) runs ``6 x --workers`` fan-outs of ``--warmup``
 children at once, so that every worker process pays its first-use costs.
@@ -56,6 +65,7 @@ Run from the repo root::
 
     .venv/bin/python bench/fanout.py
     .venv/bin/python bench/fanout.py --sizes 10,100,1000,2000 --repeats 3
+    .venv/bin/python bench/fanout.py --sizes 1000 --repeats 1 --model scripted
     .venv/bin/python bench/fanout.py --sizes 1000 --repeats 1 --py-spy /tmp/pyspy/bin/py-spy
 """
 
@@ -88,6 +98,7 @@ from bench._harness import (  # noqa: E402
     client_services,
     group_cpu_seconds,
     machine_busy_seconds,
+    model_server,
     print_py_spy,
     py_spy,
     raise_exit,
@@ -95,6 +106,7 @@ from bench._harness import (  # noqa: E402
     wait_ready,
     worker_process,
 )
+from bench.loopback_agent import BASE_ENV  # noqa: E402
 from orchestrator.celery_conf import queue_lists  # noqa: E402
 
 TASKS_MODULE = "bench.fanout_tasks"
@@ -130,6 +142,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=10,
         help="children of each excluded warm-up fan-out (default 10; 0: no warm-up)",
+    )
+    p.add_argument(
+        "--model",
+        choices=("loopback", "scripted"),
+        default="loopback",
+        help="the children's model: loopback: an OpenAI-compatible server answering "
+        "at once (default); scripted: litellm's scripted provider, no HTTP",
     )
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--pool", default="threads", help="worker pool (default threads)")
@@ -518,6 +537,18 @@ def main(argv: list[str] | None = None) -> int:
     return bench_main(parse_args(argv), run, "chorus-bench-fanout-")
 
 
+def loopback(args: argparse.Namespace, stack: ExitStack, workdir: Path) -> dict[str, str]:
+    """With ``--model loopback``: start the model server (0 latency) and
+    return the settings that point the children's agent at it (for this
+    process and the workers)."""
+    if args.model != "loopback":
+        return {}
+    server_env = {**os.environ, "PYTHONPATH": str(REPO)}
+    server = stack.enter_context(model_server(0.0, workdir, server_env))
+    # the loopback server ignores the key; litellm's OpenAI provider wants one
+    return {BASE_ENV: server.base_url, "OPENAI_API_KEY": "bench-dummy-key"}
+
+
 def run(args: argparse.Namespace, workdir: Path) -> int:
     """Start the services and workers, time every size, print the results."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -536,6 +567,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             TASKS_MODULE,
             CHORUS_MAX_CHILDREN="100000",
             CHORUS_BENCH_FANOUT_SIZES=",".join(str(n) for n in registered),
+            **loopback(args, stack, workdir),
         )
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -567,7 +599,8 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         stack.callback(client.close)
         print(
             f"fan-out from one parent step: sizes {','.join(map(str, args.sizes))}, "
-            f"{args.repeats} runs each; {args.workers} worker(s) x {args.pool} "
+            f"{args.repeats} runs each; children's model {args.model}; "
+            f"{args.workers} worker(s) x {args.pool} "
             f"-c {args.concurrency}; redis {redis_url}, db {db_url.rsplit('/', 1)[-1]}; "
             f"1-min load average {os.getloadavg()[0]:.2f}",
             flush=True,

@@ -3,8 +3,12 @@
 Imported by the workers (and the bench's client) through
 ``CHORUS_MODULES=bench.fanout_tasks``. It registers:
 
-- the child agent ``bench-fanout-child``: a scripted model that answers at
-  once (``done <task>``), no tools;
+- the child agent ``bench-fanout-child``, no tools, answering at once:
+  when ``BENCH_LLM_BASE`` is set (``bench/fanout.py --model loopback``, the
+  default), the loopback server's model ``openai/loopback-bench`` (an
+  OpenAI-protocol provider: the openai SDK path, as production OpenAI
+  traffic), which answers ``done after 0 steps``; otherwise a scripted
+  model (litellm's custom-provider stream path) answering ``done <task>``;
 - one parent agent ``bench-fanout-<N>`` per size N named in
   ``CHORUS_BENCH_FANOUT_SIZES`` (comma-separated, read at import; default
   ``10,100,1000``): its scripted model calls ``subagent__bench-fanout-child``
@@ -22,6 +26,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from bench.loopback_agent import BASE_ENV, LOOPBACK_MODEL
 from orchestrator import Agent
 from orchestrator.llm.scripted import Reply, call, register_script, scripted_model
 
@@ -68,8 +73,16 @@ def _tally(messages: list[dict[str, Any]]) -> Reply:
     return Reply.say(f"children={len(results)} ok={ok}")
 
 
-register_script(CHILD, [_child_reply])
-Agent(CHILD, scripted_model(CHILD), system="Benchmark child: answers at once.")
+if os.environ.get(BASE_ENV):
+    Agent(
+        CHILD,
+        LOOPBACK_MODEL,
+        system="Benchmark child: answers at once.",
+        model_settings={"api_base": os.environ[BASE_ENV]},
+    )
+else:
+    register_script(CHILD, [_child_reply])
+    Agent(CHILD, scripted_model(CHILD), system="Benchmark child: answers at once.")
 
 SIZES = parse_sizes(os.environ.get(SIZES_ENV))
 for _n in SIZES:

@@ -57,6 +57,11 @@ Profiling (after the warm-up, timed turns only):
   per-thread CPU); both distort the timings (cProfile costs ~1.5-2x).
 - ``--py-spy BIN``: ``py-spy record --gil --nonblocking`` on both workers:
   where the Python CPU goes, with little distortion.
+- ``--task-cpu``: per task name, the CPU time and context switches of the
+  pool thread that ran it (Linux ``/proc``), little distortion: which task
+  costs what against its raw twin. On this VM a context switch costs CPU
+  (the kernel's switch path was about a fifth of a worker's CPU), so the
+  switches column tracks blocking round trips and GIL hand-offs.
 
 Run from the repo root::
 
@@ -70,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import secrets
 import signal
@@ -144,6 +150,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="cProfile clock: wall (latency on the critical path) or per-thread CPU",
     )
     p.add_argument("--profile-top", type=int, default=25, help="rows of each profile table")
+    p.add_argument(
+        "--task-cpu",
+        action="store_true",
+        help="per task name: CPU and context switches of the pool thread that ran each task "
+        "after warm-up (not the tool helper threads')",
+    )
     p.add_argument(
         "--py-spy",
         metavar="BIN",
@@ -381,6 +393,53 @@ def print_profile(title: str, directory: Path, steps_profiled: int, top: int) ->
             )
 
 
+def print_task_cpu(title: str, directory: Path, steps: int) -> None:
+    """Per task name: tasks, thread CPU and context switches a task, and the
+    pool threads' CPU a step (the consumer's own thread is not in it)."""
+    files = sorted(directory.glob("taskcpu-*.json"))
+    if not files:
+        print(f"\n[{title}] no task CPU written (worker did not shut down cleanly?)")
+        return
+    rows: dict[str, list[float]] = {}
+    for path in files:
+        for name, (tasks, cpu, switches) in json.loads(path.read_text()).items():
+            row = rows.setdefault(name, [0, 0.0, 0])
+            row[0], row[1], row[2] = row[0] + tasks, row[1] + cpu, row[2] + switches
+    print(f"\n[{title}] task CPU (pool threads), {steps} steps")
+    heads = ("cpu ms/task", "switches/task", "cpu ms/step")
+    print(f"  {'task':<22} {'tasks':>6} {heads[0]:>12} {heads[1]:>14} {heads[2]:>12}")
+    for name, (tasks, cpu, switches) in sorted(rows.items()):
+        print(
+            f"  {name:<22} {tasks:>6.0f} {cpu * 1000 / tasks:>12.2f} "
+            f"{switches / tasks:>14.1f} {cpu * 1000 / steps:>12.2f}"
+        )
+
+
+def profiling_env(args: argparse.Namespace, directory: Path) -> dict[str, str]:
+    """A worker's environment for ``--profile`` and ``--task-cpu`` (its
+    directory created), or nothing."""
+    env = {}
+    if args.profile:
+        env["BENCH_PROFILE"] = str(directory)
+        env["BENCH_PROFILE_TIMER"] = args.profile_timer
+    if args.task_cpu:
+        env["BENCH_TASK_CPU"] = str(directory)
+    if env:
+        directory.mkdir()
+    return env
+
+
+def print_profiles(args: argparse.Namespace, dirs: dict[str, Path]) -> None:
+    """What the stopped workers wrote: ``--profile`` and ``--task-cpu``."""
+    steps = args.turns * args.steps
+    if args.profile:
+        print_profile("chorus worker", dirs["chorus"], steps, args.profile_top)
+        print_profile("raw worker", dirs["raw"], steps, args.profile_top)
+    if args.task_cpu:
+        print_task_cpu("chorus worker", dirs["chorus"], steps)
+        print_task_cpu("raw worker (both rows)", dirs["raw"], steps)
+
+
 # --- main -----------------------------------------------------------------
 
 
@@ -424,19 +483,16 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         }
         model_settings = loopback(args, stack, workdir, env_vars)
         os.environ.update(env_vars)  # this process is the client of every side
-        base_env = {k: v for k, v in os.environ.items() if k != "BENCH_PROFILE"}
+        base_env = {
+            k: v for k, v in os.environ.items() if k not in {"BENCH_PROFILE", "BENCH_TASK_CPU"}
+        }
         base_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
         )
         profile_dirs = {name: workdir / f"profile-{name}" for name in ("chorus", "raw")}
 
         def env_for(name: str) -> dict[str, str]:
-            env = dict(base_env)
-            if args.profile:
-                profile_dirs[name].mkdir()
-                env["BENCH_PROFILE"] = str(profile_dirs[name])
-                env["BENCH_PROFILE_TIMER"] = args.profile_timer
-            return env
+            return {**base_env, **profiling_env(args, profile_dirs[name])}
 
         from orchestrator.store.migrate import upgrade
 
@@ -530,7 +586,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             print(f"warm-up  {side.name:<11} {ms:8.2f} ms/step (excluded)", flush=True)
             side.reset()
         job_ids.clear()
-        if args.profile:
+        if args.profile or args.task_cpu:
             for directory in profile_dirs.values():
                 (directory / "on").touch()
         with py_spy(args.py_spy, [chorus_worker, raw_worker], workdir) as samples:
@@ -543,12 +599,9 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         for name, path in samples.items():
             print_py_spy(f"{name} worker", path, args.turns * args.steps, args.profile_top)
 
-        if args.profile:
-            # stop the workers now so that they write their profiles
-            stack.close()
-            steps_profiled = args.turns * args.steps
-            print_profile("chorus worker", profile_dirs["chorus"], steps_profiled, args.profile_top)
-            print_profile("raw worker", profile_dirs["raw"], steps_profiled, args.profile_top)
+        if args.profile or args.task_cpu:
+            stack.close()  # stop the workers now so that they write their profiles
+            print_profiles(args, profile_dirs)
     return 0
 
 

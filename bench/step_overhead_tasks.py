@@ -25,7 +25,10 @@ Imported by both workers the bench starts:
 cProfile (one profiler per pool thread, enabled between ``task_prerun`` and
 ``task_postrun``, once the file ``<dir>/on`` exists) and write
 ``<dir>/tasks-<pid>.pstats`` when it shuts down. ``BENCH_PROFILE_TIMER=cpu``
-profiles per-thread CPU time instead of wall time.
+profiles per-thread CPU time instead of wall time. ``BENCH_TASK_CPU=<dir>``
+counts, per task name, the tasks run, their thread's CPU time and its
+context switches (from ``task_prerun`` to ``task_postrun``, once
+``<dir>/on`` exists) into ``<dir>/taskcpu-<pid>.json`` at shutdown.
 """
 
 from __future__ import annotations
@@ -264,6 +267,50 @@ def _dump(**_: Any) -> None:
     out = Path(_PROFILE_DIR) / f"tasks-{os.getpid()}.pstats"
     stats.dump_stats(str(out))
 
+
+# --- optional per-task CPU and context switches ------------------------------
+
+_TASK_CPU_DIR = os.environ.get("BENCH_TASK_CPU")
+#: task name -> [tasks, thread CPU seconds, context switches]
+_task_cpu: dict[str, list[float]] = {}
+
+
+def _switches() -> int:
+    """Context switches of the calling thread so far (voluntary and not)."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as status:
+        return sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)
+
+
+def _cpu_prerun(**_: Any) -> None:
+    if _TASK_CPU_DIR is not None and os.path.exists(os.path.join(_TASK_CPU_DIR, "on")):
+        _local.cpu = (time.thread_time(), _switches())
+
+
+def _cpu_postrun(task: Any = None, **_: Any) -> None:
+    began = getattr(_local, "cpu", None)
+    if began is None or task is None:
+        return
+    _local.cpu = None
+    cpu, switches = time.thread_time() - began[0], _switches() - began[1]
+    with _redis_lock:
+        row = _task_cpu.setdefault(task.name, [0, 0.0, 0])
+        row[0] += 1
+        row[1] += cpu
+        row[2] += switches
+
+
+def _cpu_dump(**_: Any) -> None:
+    if _TASK_CPU_DIR is not None and _task_cpu:
+        with _redis_lock:
+            rows = dict(_task_cpu)
+        (Path(_TASK_CPU_DIR) / f"taskcpu-{os.getpid()}.json").write_text(json.dumps(rows))
+
+
+if _TASK_CPU_DIR:
+    task_prerun.connect(_cpu_prerun, weak=False)
+    task_postrun.connect(_cpu_postrun, weak=False)
+    worker_shutdown.connect(_cpu_dump, weak=False)
+    worker_process_shutdown.connect(_cpu_dump, weak=False)
 
 if _PROFILE_DIR:
     task_prerun.connect(_prerun, weak=False)

@@ -49,7 +49,10 @@ the peak Postgres connections of the bench database and Redis clients.
 Redis is ``CHORUS_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``) under
 a fresh prefix deleted at the end;
 Postgres is ``CHORUS_DATABASE_URL`` or a database created on
-``--admin-url`` and dropped at the end.
+``--admin-url`` and dropped at the end; each Chorus process keeps 20
+connections and opens at most 2 more (``CHORUS_DB_POOL_SIZE``,
+``CHORUS_DB_POOL_OVERFLOW``), so the fleet fits a default
+``max_connections`` of 100.
 
 Run from the repo root::
 
@@ -680,6 +683,11 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                     "CHORUS_REDIS_PREFIX": prefix,
                     "CHORUS_MODULES": TASKS_MODULE,
                     BASE_ENV: server.base_url,
+                    # three workers and this client, at most 22 connections
+                    # each: within a default Postgres's max_connections (100,
+                    # 3 of them reserved) beside the bench's own sampler
+                    "CHORUS_DB_POOL_SIZE": "20",
+                    "CHORUS_DB_POOL_OVERFLOW": "2",
                 }
             )
             os.environ.update(env)  # this process is the client

@@ -45,6 +45,10 @@ def queue_lists(queue: str) -> list[str]:
     return [f"{queue}{Channel.sep}{step}" if step else queue for step in PRIORITY_STEPS]
 
 
+#: The broker transport of a ``redis://`` broker (:mod:`orchestrator.redis_transport`).
+REDIS_TRANSPORT = "orchestrator.redis_transport:Transport"
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     broker = settings.broker_url or settings.redis_url
     backend = settings.result_backend or settings.redis_url
@@ -54,7 +58,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "or run `chorus local` for the embedded default"
         )
     prefix = f"{settings.redis_prefix}:"
+    # kombu's Redis transport, but one client per channel (not per command)
+    transport = {"broker_transport": REDIS_TRANSPORT} if broker.startswith("redis://") else {}
     return {
+        **transport,
         "broker_url": broker,
         "result_backend": backend,
         "task_serializer": "json",

@@ -310,10 +310,14 @@ class Job:
         :class:`~orchestrator.errors.JobFailedError` if the turn failed or
         was cancelled.
         """
-        status = _wait_end(self, timeout)
-        if status.status is not TurnStatus.COMPLETED:
-            raise JobFailedError(self.id, status.status.value, status.error)
-        return status.output or ""
+        ended = _wait_end(self, timeout)
+        if isinstance(ended, Event):  # the end event carries status, output and error
+            status, output, error = (ended.data.get(k) for k in ("status", "output", "error"))
+        else:
+            status, output, error = ended.status.value, ended.output, ended.error
+        if status != TurnStatus.COMPLETED.value:
+            raise JobFailedError(self.id, str(status), error)
+        return output or ""
 
     def events(
         self, since: int | None = None, *, timeout: float | None = None, deltas: bool = True
@@ -444,13 +448,13 @@ class _Waiter:
         return [Event.model_validate_json(fields[ENTRY_EVENT]) for _, fields in entries]
 
 
-def _wait_end(job: Job, timeout: float | None) -> JobStatus:
+def _wait_end(job: Job, timeout: float | None) -> JobStatus | Event:
     """Wait for the turn to end: the shared reader wakes this waiter on the
     turn's terminal event (only terminal entries reach it, and only those
-    are parsed), the client's :class:`TurnEnds` when Postgres shows it
-    finished (a publish was lost); the job's status is read then. Should
-    that checker be down, the waiter reads it itself after
-    ``QUIET_POLL_MAX`` quiet seconds."""
+    are parsed), which is returned; the client's :class:`TurnEnds` wakes it
+    when Postgres shows the turn finished (a publish was lost), and the
+    job's status is read then. Should that checker be down, the waiter
+    reads it itself after ``QUIET_POLL_MAX`` quiet seconds."""
     waiter = _Waiter(job, timeout)
     client = job._client
     with (
@@ -463,11 +467,12 @@ def _wait_end(job: Job, timeout: float | None) -> JobStatus:
                 return status
             while True:
                 entries = subscription.wait(waiter.remaining(QUIET_POLL_MAX))
-                if not entries or any(
-                    _is_end(job, Event.model_validate_json(fields[ENTRY_EVENT]))
-                    for _, fields in entries
-                ):
+                if not entries:
                     break
+                for _, fields in entries:
+                    event = Event.model_validate_json(fields[ENTRY_EVENT])
+                    if _is_end(job, event):
+                        return event
 
 
 def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterator[Event]:

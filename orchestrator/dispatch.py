@@ -19,6 +19,7 @@ from orchestrator.engine.actions import (
     advance_task_id,
     step_task_id,
 )
+from orchestrator.engine.subagents import is_subagent_call
 
 
 def _short(value: str) -> str:
@@ -107,6 +108,8 @@ def _send_segment(app: Celery, seg: RunSegment) -> None:
         app.signature(
             "chorus.tool",
             args=(call.call_id,),
+            # A subagent call's task skips the claim of a tool run.
+            kwargs={"subagent": True} if is_subagent_call(call.tool) else None,
             queue=call.queue,
             immutable=True,
             priority=broker_priority(seg.priority),

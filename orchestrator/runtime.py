@@ -12,7 +12,7 @@ from sqlmodel import Session
 from orchestrator.errors import ConfigurationError
 from orchestrator.events import Outbox, publish_live
 from orchestrator.settings import Settings
-from orchestrator.store.db import session_scope
+from orchestrator.store.db import Pool, session_scope
 from schemas import Event
 
 
@@ -30,16 +30,20 @@ class Runtime:
             )
         return redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
 
+    @cached_property
+    def pool(self) -> Pool:
+        return Pool(self.settings.db_pool_size, self.settings.db_pool_overflow)
+
     @contextmanager
     def session(self) -> Iterator[Session]:
-        with session_scope(self.settings.db_url) as s:
+        with session_scope(self.settings.db_url, pool=self.pool) as s:
             yield s
 
     @contextmanager
     def autocommit(self) -> Iterator[Session]:
         """A session whose every statement commits as it runs: for reads and
         single-statement writes, without ``BEGIN``/``COMMIT`` round trips."""
-        with session_scope(self.settings.db_url, autocommit=True) as s:
+        with session_scope(self.settings.db_url, autocommit=True, pool=self.pool) as s:
             yield s
 
     @contextmanager
@@ -49,7 +53,7 @@ class Runtime:
         events recorded earlier (a claim, an admission) that are stored with
         this transaction."""
         outbox = outbox if outbox is not None else Outbox()
-        with session_scope(self.settings.db_url) as s:
+        with session_scope(self.settings.db_url, pool=self.pool) as s:
             yield s, outbox
             outbox.flush(s)
         self.publish(outbox)

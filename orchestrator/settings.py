@@ -32,6 +32,17 @@ class Settings(BaseSettings):
     result_backend: str | None = Field(
         default=None, description="Celery result backend (chord counters); default redis_url."
     )
+    db_pool_size: int = Field(
+        default=20,
+        ge=1,
+        description="Postgres connections each process keeps open once it has opened them.",
+    )
+    db_pool_overflow: int = Field(
+        default=30,
+        ge=0,
+        description="More Postgres connections a process opens under a burst, each closed "
+        "when returned. A process holds at most db_pool_size + db_pool_overflow.",
+    )
     redis_prefix: str = Field(
         default="chorus", description="Prefix of every Redis key, Celery's included."
     )

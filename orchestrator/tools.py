@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
-from orchestrator import registry
+from orchestrator import registry, toolthreads
 from orchestrator.errors import ConfigurationError, ToolExecutionError
 from orchestrator.toolschema import build_params, describe, validate_params
 from schemas import ToolSpec
@@ -104,9 +103,10 @@ def run_with_timeout(
     name: str,
     should_stop: Callable[[], bool] | None = None,
 ) -> Any:
-    """Run in a helper thread so a timeout and a stop work in every pool (a
-    timed-out or stopped function keeps running in its daemon thread until
-    it returns; the task, and its worker slot, are free at once)."""
+    """Run in a helper thread (:mod:`orchestrator.toolthreads`) so a timeout
+    and a stop work in every pool (a timed-out or stopped function keeps
+    running in its daemon thread until it returns; the task, and its worker
+    slot, are free at once)."""
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -118,14 +118,13 @@ def run_with_timeout(
         except BaseException as exc:
             outcome["error"] = exc
 
-    thread = threading.Thread(target=target, name=f"chorus-tool-{name}", daemon=True)
-    thread.start()
+    done = toolthreads.start(target, f"chorus-tool-{name}")
     deadline = time.monotonic() + timeout
-    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
-        thread.join(min(left, STOP_POLL) if should_stop else left)
-        if thread.is_alive() and should_stop is not None and should_stop():
+    while not done.is_set() and (left := deadline - time.monotonic()) > 0:
+        done.wait(min(left, STOP_POLL) if should_stop else left)
+        if not done.is_set() and should_stop is not None and should_stop():
             raise ToolStopped(name)
-    if thread.is_alive():
+    if not done.is_set():
         raise ToolExecutionError(f"tool {name!r} timed out after {timeout:g}s")
     if "error" in outcome:
         exc = outcome["error"]

@@ -57,6 +57,7 @@ class _Planned:
     error: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds of silence before the response starts
+    drop_after_done: bool = False  # close the connection after [DONE], the body unfinished
 
 
 def _words(text: str) -> int:
@@ -85,8 +86,13 @@ class LoopbackLLM:
     ``api_base``). Thread-safe: requests may arrive concurrently.
     """
 
-    def __init__(self, model: str = "loopback-model") -> None:
+    def __init__(self, model: str = "loopback-model", *, keep_alive: bool = False) -> None:
         self.model = model
+        #: HTTP/1.1 with keep-alive, streams sent chunked, as providers do (default:
+        #: HTTP/1.0, one connection a request)
+        self.keep_alive = keep_alive
+        #: connections accepted so far
+        self.connections = 0
         self._queue: deque[_Planned] = deque()
         self._received: list[RecordedRequest] = []
         self._lock = threading.Lock()
@@ -97,7 +103,8 @@ class LoopbackLLM:
 
     def start(self) -> LoopbackLLM:
         """Start serving in a daemon thread."""
-        handler = type("_Handler", (_Handler,), {"owner": self})
+        version = "HTTP/1.1" if self.keep_alive else "HTTP/1.0"
+        handler = type("_Handler", (_Handler,), {"owner": self, "protocol_version": version})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -143,6 +150,7 @@ class LoopbackLLM:
         chunk_delay: float = 0.0,
         reasoning: str = "",
         delay: float = 0.0,
+        drop_after_done: bool = False,
     ) -> None:
         """Answer the next request with assistant text.
 
@@ -153,9 +161,16 @@ class LoopbackLLM:
             reasoning: Streamed first as ``reasoning_content`` deltas (as
                 DeepSeek/vLLM do); sent as ``reasoning_content`` when not streaming.
             delay: Seconds of silence (not even headers) before answering.
+            drop_after_done: With ``keep_alive``, close the connection right
+                after ``data: [DONE]``, without the chunked body's end.
         """
         planned = _Planned(
-            text=text, usage=usage, chunk_delay=chunk_delay, reasoning=reasoning, delay=delay
+            text=text,
+            usage=usage,
+            chunk_delay=chunk_delay,
+            reasoning=reasoning,
+            delay=delay,
+            drop_after_done=drop_after_done,
         )
         self._push(planned)
 
@@ -247,6 +262,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Keep test output quiet."""
 
+    def setup(self) -> None:
+        super().setup()
+        with self.owner._lock:
+            self.owner.connections += 1
+
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length).decode("utf-8", errors="replace")
@@ -286,19 +306,29 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
+        chunked = self.protocol_version == "HTTP/1.1"
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         options = body.get("stream_options") or {}
         chunks = _stream_chunks(self.owner.model, planned, body, bool(options.get("include_usage")))
+
+        def send(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            self.wfile.flush()
+
         try:
             for chunk in chunks:
                 if planned.chunk_delay:
                     time.sleep(planned.chunk_delay)
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+                send(f"data: {json.dumps(chunk)}\n\n".encode())
+            send(b"data: [DONE]\n\n")
+            if planned.drop_after_done:
+                self.close_connection = True
+            elif chunked:
+                send(b"")  # the body's end
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the client stopped reading (e.g. a cancelled call)
+            self.close_connection = True  # the client stopped reading (e.g. a cancelled call)
 
 
 def _usage(planned: _Planned, body: Any) -> dict[str, int]:

@@ -20,13 +20,13 @@ from orchestrator.llm.call import warm
 from orchestrator.logs import setup_logging as configure_logging
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
-from orchestrator.store.db import get_engine
+from orchestrator.store.db import forget_engines
 from workers.tasks import register_tasks
 
 
 def _forget_inherited_engines(**_: Any) -> None:
     """A forked child opens its own database connections."""
-    get_engine.cache_clear()
+    forget_engines()
 
 
 def no_result_subscriptions(**_: Any) -> None:

@@ -74,12 +74,12 @@ def register_tasks(app: Celery, rt: Runtime) -> None:
             )
 
     @app.task(name="chorus.tool", bind=True)
-    def tool(self: Task, call_id: str) -> None:
+    def tool(self: Task, call_id: str, subagent: bool = False) -> None:
         with log_context(tool_call_id=call_id):
             run_guarded(
                 app,
                 self,
-                lambda: engine.run_tool(rt, call_id, self.request.id),
+                lambda: engine.run_tool(rt, call_id, self.request.id, subagent),
                 lambda error: fail_call(rt, call_id, error),
             )
 

@@ -42,21 +42,33 @@ class RunSegment:
 @dataclass(frozen=True)
 class RunAdvance:
     """Try to advance a segment now (task ``chorus.advance``): a subagent's
-    end answers its parent's call outside any chord."""
+    end answers its parent's call outside any chord.
+
+    ``if_ready``: needed only if no call of the segment is still out when
+    read after the answer's commit (:func:`~orchestrator.engine.settle.settle`
+    drops it otherwise: of N children answering, the last one advances).
+    Sent as is where nothing checks."""
 
     conversation_id: str
     turn_id: str
     step: int
     segment: int
     priority: int
+    if_ready: bool = False
 
 
 @dataclass(frozen=True)
 class Dequeue:
     """Start the next queued message of a conversation if it is idle
-    (task ``chorus.dequeue``)."""
+    (task ``chorus.dequeue``).
+
+    ``if_waiting``: needed only if the conversation's inbox holds a
+    message when read after the commit that ended its turn
+    (:func:`~orchestrator.engine.settle.settle`). Sent as is where nothing
+    checks."""
 
     conversation_id: str
+    if_waiting: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, exists, null, select, update
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import Row, Select, Update, bindparam, exists, insert, null, select, update
+from sqlmodel import Session
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
-from orchestrator.engine.cursor import move_cursor_from
+from orchestrator.engine.cursor import move_cursor_from, move_from
 from orchestrator.engine.handoffs import handoff_in, take_over, target_values
 from orchestrator.engine.outputs import view
-from orchestrator.engine.prebuilt import run, unfinished
+from orchestrator.engine.prebuilt import MESSAGE_VALUES, insert_new, message_params, run, unfinished
 from orchestrator.runtime import Runtime
+from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, table
 from schemas import ConversationState, ToolResultBlock
 
@@ -24,30 +30,35 @@ def advance(
     out) and one compare-and-set of the cursor on its position, which also
     refuses once the job is being stopped: of two racing copies exactly one
     moves it. The tool results message commits with the move, and so does
-    the step's handoff, if it made one (the next step runs the target).
+    the step's handoff, if it made one (the next step runs the target). The
+    read takes no lock, so it runs on its own; on Postgres the usual end of
+    a step (its last segment, no handoff) is then one statement: the move,
+    the results message and the clearing of the call rows' results.
     """
-    with rt.transaction() as (session, outbox):
-        calls = run(
-            session,
-            _READY,
-            {
-                "conversation_id": conversation_id,
-                "turn_id": turn_id,
-                "step": step,
-                "segment": segment,
-            },
-        ).all()
+    params = {
+        "conversation_id": conversation_id,
+        "turn_id": turn_id,
+        "step": step,
+        "segment": segment,
+    }
+    with rt.autocommit() as session:
+        calls = run(session, _READY, params).all()
         if not calls:
             return []
-        priority = calls[0].priority
-        position = (turn_id, step, segment)
         last = max(c.segment for c in calls)
+        handoff = handoff_in(calls)
+        if segment == last and handoff is None and returns_joined_rows(session):
+            ids = (conversation_id, turn_id, step)
+            moved = _finish_step(session, ids, segment, _results_message(ids, calls))
+            return [RunStep(conversation_id, turn_id, step + 1, calls[0].priority)] if moved else []
+    priority = calls[0].priority
+    position = (turn_id, step, segment)
+    with rt.transaction() as (session, outbox):
         if segment < last:
             if not move_cursor_from(session, conversation_id, position, cursor_segment=segment + 1):
                 return []
             nxt = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.segment == segment + 1)
             return [RunSegment(conversation_id, turn_id, step, segment + 1, nxt, priority)]
-        handoff = handoff_in(calls)
         if not move_cursor_from(
             session,
             conversation_id,
@@ -59,32 +70,67 @@ def advance(
             return []
         if handoff:
             take_over(session, outbox, (conversation_id, turn_id, step), handoff)
-        blocks = [
-            ToolResultBlock(
-                tool_request_id=c.tool_request_id,
-                tool=c.tool,
-                result=c.result
-                if c.view_chars is None
-                else view(c.id, c.tool, c.result, c.view_chars),
-                is_error=c.is_error,
-            ).model_dump(mode="json")
-            for c in calls
-        ]
-        session.add(
-            MessageRow(
-                conversation_id=conversation_id,
-                turn_id=turn_id,
-                step=step,
-                kind="tool_results",
-                role="user",
-                content=blocks,
-            )
-        )
+        insert_new(session, (MessageRow, _results_message((conversation_id, turn_id, step), calls)))
         run(session, _CLEAR_RESULTS, {"where_turn_id": turn_id, "where_step": step})
     return [RunStep(conversation_id, turn_id, step + 1, priority)]
 
 
+def _results_message(ids: tuple[str, str, int], calls: Sequence[Row[Any]]) -> dict[str, Any]:
+    """The values of the step's tool results message (archived results as views)."""
+    conversation_id, turn_id, step = ids
+    blocks = [
+        ToolResultBlock(
+            tool_request_id=c.tool_request_id,
+            tool=c.tool,
+            result=c.result if c.view_chars is None else view(c.id, c.tool, c.result, c.view_chars),
+            is_error=c.is_error,
+        ).model_dump(mode="json")
+        for c in calls
+    ]
+    return {
+        "conversation_id": conversation_id,
+        "turn_id": turn_id,
+        "step": step,
+        "kind": "tool_results",
+        "role": "user",
+        "content": blocks,
+    }
+
+
+def _finish_step(
+    session: Session, ids: tuple[str, str, int], segment: int, message: dict[str, Any]
+) -> bool:
+    """Postgres: move the cursor past the step from its last ``segment``
+    (the compare-and-set of :func:`move_cursor_from`) and, only if it moved,
+    store the results message and clear the call rows' results: one
+    statement. True if it moved. The rows are locked in the one order: the
+    conversation's first (the other parts wait for its update, through
+    ``moved``)."""
+    conversation_id, turn_id, step = ids
+    move, params = move_from(
+        conversation_id, (turn_id, step, segment), cursor_step=step + 1, cursor_segment=-1
+    )
+    params.update(message_params(message))
+    # _CLEAR_RESULTS's where_turn_id and where_step are the move's: same names, same values
+    return session.execute(_finish_statement(move), params).first() is not None
+
+
+@lru_cache(maxsize=8)
+def _finish_statement(move: Update) -> Select[Any]:
+    """``move`` returning the conversation's id, the results message's
+    INSERT (:data:`MESSAGE_VALUES`) and :data:`_CLEAR_RESULTS`, each only
+    for a row ``move`` returned."""
+    moved = move.returning(_CONVERSATIONS.c.id).cte("moved")
+    has_moved = exists(select(moved.c.id))
+    message = insert(_MESSAGES).from_select(
+        list(MESSAGE_VALUES), select(*MESSAGE_VALUES.values()).where(has_moved)
+    )
+    cleared = _CLEAR_RESULTS.where(has_moved)
+    return select(moved.c.id).add_cte(message.cte("stored"), cleared.cte("cleared"))
+
+
 _CALLS = table(ToolCallRow)
+_MESSAGES = table(MessageRow)
 _CONVERSATIONS = table(Conversation)
 _pending = _CALLS.alias()
 

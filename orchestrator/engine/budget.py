@@ -11,7 +11,8 @@ backstop) stops the tree the way a cancel does, when the time is up.
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, select, update
 from sqlmodel import Session
@@ -28,6 +29,27 @@ NO_MORE_TOOLS = (
 
 _TURNS = table(Turn)
 _CONVERSATIONS = table(Conversation)
+
+
+class JobRow(NamedTuple):
+    """A child's job's turn as the lease statement returns it
+    (:data:`JOB_ROW_COLUMNS`), without loading the entity."""
+
+    id: str
+    budget: dict[str, Any] | None
+    tree_input_tokens: int
+    tree_output_tokens: int
+    tree_cost_usd: float
+    tree_steps: int
+    tree_tool_calls: int
+    started_at: datetime
+
+
+#: The columns of :class:`JobRow`, in order.
+JOB_ROW_COLUMNS = JobRow._fields
+
+#: What a step reads of its job's turn before the model call.
+JobTotals = Turn | JobRow
 
 #: The job's root conversation row, locked (:func:`lock_job`). Statements
 #: built once, executed with parameters: no statement building and no
@@ -64,7 +86,7 @@ def job_of(session: Session, turn: Turn) -> Turn:
     return job
 
 
-def exceeded(job: Turn) -> str | None:
+def exceeded(job: JobTotals) -> str | None:
     """Why the job's budget is exceeded (tool calls aside), or None."""
     if not job.budget:
         return None
@@ -83,7 +105,7 @@ def exceeded(job: Turn) -> str | None:
     return None
 
 
-def wall_time_left(job: Turn) -> float | None:
+def wall_time_left(job: JobTotals) -> float | None:
     """Seconds until the job's wall-time budget is spent (None: no such budget)."""
     if not job.budget:
         return None
@@ -91,7 +113,7 @@ def wall_time_left(job: Turn) -> float | None:
     return None if limit is None else limit - (utcnow() - job.started_at).total_seconds()
 
 
-def tool_calls_left(job: Turn) -> int | None:
+def tool_calls_left(job: JobTotals) -> int | None:
     """Tool calls the job may still make (None: unlimited)."""
     if not job.budget:
         return None

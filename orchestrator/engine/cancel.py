@@ -84,9 +84,13 @@ def stopping(session: Session, turn: Turn) -> bool:
 
 
 def cancel_watch(rt: Runtime, correlation_id: str, every: float = 0.2) -> Callable[[], bool]:
-    """True once the job is stopping; asks Redis at most every ``every`` s."""
+    """True once the job is stopping; asks Redis at most every ``every`` s,
+    first ``every`` s from now: its callers (a step's lease, a tool's claim)
+    have read the job's stop mark in Postgres, which a stop sets before the
+    Redis flag, shortly before (a step: at most a checkpoint's model call
+    before), so a stop since is seen at most ``every`` s late."""
     key = cancelled(rt.settings.redis_prefix, correlation_id)
-    last = 0.0
+    last = time.monotonic()
 
     def should_stop() -> bool:
         nonlocal last

@@ -42,6 +42,15 @@ def move_cursor_from(
     itself, in one update (no read first). Of racing copies exactly one
     moves it: the others' update finds the position gone once the winner
     commits. ``values`` are plain values (no SQL expressions)."""
+    statement, params = move_from(conversation_id, position, **values)
+    return run(session, statement, params).rowcount == 1
+
+
+def move_from(
+    conversation_id: str, position: tuple[str, int, int], **values: Any
+) -> tuple[Update, dict[str, Any]]:
+    """The compare-and-set of :func:`move_cursor_from`: its statement (one
+    object per set of columns) and its parameters."""
     turn_id, step, segment = position
     values = {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
     params = {
@@ -51,7 +60,7 @@ def move_cursor_from(
         "where_segment": segment,
         **_set_params(values),
     }
-    return run(session, _by_position(tuple(values)), params).rowcount == 1
+    return _by_position(tuple(values)), params
 
 
 _CONVERSATION = table(Conversation)
@@ -181,7 +190,7 @@ def finish_turn(
         **data,
     )
     if turn.parent_call_id is None:
-        return [Dequeue(conv.id)]
+        return [Dequeue(conv.id, if_waiting=True)]
     if not answers:
         return []
     return answer_parent(session, outbox, turn, status, output if output is not None else error)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, case
+from sqlalchemy import Boolean, bindparam, case
 from sqlalchemy import select as select_columns
 from sqlmodel import Session, col, select
 
@@ -98,8 +98,25 @@ _LATEST_CHECKPOINT = (
     .limit(1)
 )
 
-#: A step's messages (:func:`_load_stored`): the content only of rows newer
-#: than the cache's newest (``b_newest``).
+#: The boundary message of the conversation's latest checkpoint (NULL: none).
+_BOUNDARY = _LATEST_CHECKPOINT.with_only_columns(
+    _CHECKPOINTS.c.boundary_message_id
+).scalar_subquery()
+#: The summary of its latest checkpoint with boundary ``b_boundary``.
+_SUMMARY = (
+    select_columns(_CHECKPOINTS.c.summary)
+    .where(
+        _CHECKPOINTS.c.conversation_id == bindparam("b_conv"),
+        _CHECKPOINTS.c.boundary_message_id == bindparam("b_boundary"),
+    )
+    .order_by(_CHECKPOINTS.c.id.desc())
+    .limit(1)
+)
+
+#: A step's messages (:func:`_load_stored`), each row with the latest
+#: checkpoint's boundary (one statement for both): the content only of rows
+#: newer than the cache's newest (``b_newest``); with ``b_skip``, only from
+#: the boundary on.
 _STORED = (
     select_columns(
         _MESSAGES.c.id,
@@ -109,9 +126,15 @@ _STORED = (
         _MESSAGES.c.output_tokens,
         _MESSAGES.c.cost_usd,
         case((_MESSAGES.c.id > bindparam("b_newest"), _MESSAGES.c.content), else_=None),
+        _BOUNDARY,
     )
     .where(
-        _MESSAGES.c.conversation_id == bindparam("b_conv"), _MESSAGES.c.id > bindparam("b_after")
+        _MESSAGES.c.conversation_id == bindparam("b_conv"),
+        _MESSAGES.c.id
+        > case(
+            (bindparam("b_skip", type_=Boolean) & _BOUNDARY.is_not(None), _BOUNDARY - 1),
+            else_=0,
+        ),
     )
     .order_by(_MESSAGES.c.id)
 )
@@ -214,14 +237,18 @@ class MessageCache:
 cache = MessageCache(max_chars=64_000_000)
 
 
-def _load_stored(session: Session, conversation_id: str, after: int) -> list[tuple[int, Stored]]:
-    """The conversation's messages with an id above ``after``, in order:
-    content is read only for rows newer than the cache's newest, and for
-    any older one it does not hold (evicted, or committed late)."""
+def _load_stored(
+    session: Session, conversation_id: str, skip: bool
+) -> tuple[int | None, list[tuple[int, Stored]]]:
+    """The boundary message id of the conversation's latest checkpoint (None:
+    none, or no message read), and its messages in order, only from that
+    boundary on if ``skip``: content is read only for rows newer than the
+    cache's newest, and for any older one it does not hold (evicted, or
+    committed late)."""
     newest = cache.newest(conversation_id)
     connection = session.connection()  # plain rows: no ORM loading per row
     rows = connection.execute(
-        _STORED, {"b_conv": conversation_id, "b_after": after, "b_newest": newest}
+        _STORED, {"b_conv": conversation_id, "b_skip": skip, "b_newest": newest}
     ).all()
     known = cache.get(conversation_id, [(row[0], row[1]) for row in rows])
     contents: dict[int, list[dict[str, Any]]] = {r[0]: r[6] for r in rows if r[6] is not None}
@@ -231,11 +258,12 @@ def _load_stored(session: Session, conversation_id: str, after: int) -> list[tup
             contents[row_id] = content
     new = {
         row_id: (created, _stored(_message(role, contents[row_id], tokens_in, tokens_out, cost)))
-        for row_id, created, role, tokens_in, tokens_out, cost, _ in rows
+        for row_id, created, role, tokens_in, tokens_out, cost, _, _ in rows
         if row_id not in known
     }
     cache.put(conversation_id, new)
-    return [(row[0], known[row[0]] if row[0] in known else new[row[0]][1]) for row in rows]
+    loaded = [(row[0], known[row[0]] if row[0] in known else new[row[0]][1]) for row in rows]
+    return (rows[0][7] if rows else None), loaded
 
 
 # --- what the model sees ------------------------------------------------------
@@ -253,22 +281,20 @@ class Prompt:
 def _context(
     session: Session, conversation_id: str, agent: AgentSpec
 ) -> tuple[list[Message], list[Stored]]:
-    checkpoint = latest_checkpoint(session, conversation_id)
     # Only the checkpoint transformer looks at what precedes the boundary:
     # when it runs first, nothing before the boundary is loaded.
-    skip = checkpoint is not None and agent.context[:1] == ("checkpoint",)
-    after = checkpoint.boundary_message_id - 1 if checkpoint is not None and skip else 0
-    loaded = _load_stored(session, conversation_id, after)
-    if skip and (not loaded or loaded[0][0] != after + 1):
+    skip = agent.context[:1] == ("checkpoint",)
+    boundary_id, loaded = _load_stored(session, conversation_id, skip)
+    if skip and (not loaded or (boundary_id is not None and loaded[0][0] != boundary_id)):
         # the boundary is not this conversation's (as before: no summary)
-        loaded = _load_stored(session, conversation_id, 0)
+        boundary_id, loaded = _load_stored(session, conversation_id, False)
     ids = [row_id for row_id, _ in loaded]
-    boundary = None
-    if checkpoint is not None and checkpoint.boundary_message_id in ids:
-        boundary = ids.index(checkpoint.boundary_message_id)
-    ctx = TransformContext(
-        agent=agent, boundary=boundary, summary=checkpoint.summary if checkpoint else None
-    )
+    boundary = ids.index(boundary_id) if boundary_id in ids else None
+    summary = None
+    if boundary_id is not None:  # a second statement only for a conversation with a checkpoint
+        found = session.execute(_SUMMARY, {"b_conv": conversation_id, "b_boundary": boundary_id})
+        summary = found.scalar()
+    ctx = TransformContext(agent=agent, boundary=boundary, summary=summary)
     stored = [entry for _, entry in loaded]
     return context.apply([entry.message for entry in stored], ctx), stored
 

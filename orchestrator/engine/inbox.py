@@ -2,7 +2,8 @@
 
 ``send`` appends the message to the conversation's stream and asks for a
 dequeue. ``dequeue`` starts a turn for the oldest message when the
-conversation is idle; every turn's end asks for one again. The turn's
+conversation is idle; every turn's end asks for one again (a step's end
+only if the inbox holds a message: :mod:`orchestrator.engine.settle`). The turn's
 idempotency key is the stream entry's id and the entry is deleted only
 after that turn is stored, so a worker dying between the two costs
 nothing: the next dequeue finds the turn already there, deletes the entry

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlmodel import Session, SQLModel
 
-from orchestrator.store.tables import CALL_FINISHED, table
+from orchestrator.store.tables import CALL_FINISHED, MessageRow, table
 
 
 def run(session: Session, statement: Executable, params: Mapping[str, Any]) -> CursorResult[Any]:
@@ -47,6 +47,21 @@ def unfinished(status: ColumnElement[str]) -> ColumnElement[bool]:
     return status.not_in([literal(value) for value in CALL_FINISHED])
 
 
+#: A new message's columns, as parameters ``m_<key>`` (all but its id), for
+#: an INSERT inside another statement (whose own parameters may be named for
+#: columns): :func:`message_params` fills them.
+MESSAGE_VALUES = {
+    column.key: bindparam(f"m_{column.key}", type_=column.type)
+    for column in table(MessageRow).c
+    if column is not table(MessageRow).autoincrement_column
+}
+
+
+def message_params(values: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of :data:`MESSAGE_VALUES`: ``values`` and the defaults."""
+    return {f"m_{key}": value for key, value in filled(MessageRow, values).items()}
+
+
 #: A new row to insert: its model, and the values given (the others: defaults).
 NewRow = tuple[type[SQLModel], dict[str, Any]]
 
@@ -61,12 +76,12 @@ def insert_new(session: Session, *rows: NewRow) -> None:
     data-modifying CTEs: one round trip); on SQLite one statement each, in
     order. Raises the database's error (an ``IntegrityError`` on a unique
     key) as separate INSERTs would."""
-    filled = [_filled(model, values) for model, values in rows]
+    full = [filled(model, values) for model, values in rows]
     if len(rows) > 1 and session.get_bind().dialect.name == "postgresql":
-        shape, params = _shared([model for model, _ in rows], filled)
+        shape, params = _shared([model for model, _ in rows], full)
         run(session, _insert_all(shape), params)
         return
-    for (model, _), row in zip(rows, filled, strict=True):
+    for (model, _), row in zip(rows, full, strict=True):
         run(session, _insert(model), row)
 
 
@@ -102,7 +117,7 @@ def _shared(
     return tuple(shape), params
 
 
-def _filled(model: type[SQLModel], values: dict[str, Any]) -> dict[str, Any]:
+def filled(model: type[SQLModel], values: dict[str, Any]) -> dict[str, Any]:
     """``values`` and the defaults of every other column of ``model``'s."""
     row = dict(values)
     for name, default in _defaults(model):

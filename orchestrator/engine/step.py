@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import func
 from sqlalchemy.orm.attributes import set_committed_value
@@ -20,8 +20,8 @@ from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
+    JobRow,
     exceeded,
-    job_of,
     record_paid,
     record_usage,
     roll_up,
@@ -45,20 +45,27 @@ from orchestrator.engine.output import (
 )
 from orchestrator.engine.outputs import read_output_tool
 from orchestrator.engine.planning import PLAN_TOOL, plan_tool, update_plan
+from orchestrator.engine.prebuilt import message_params, run
+from orchestrator.engine.settle import settle
 from orchestrator.engine.stepstatements import (
     ADD_USAGE,
     ADD_USAGE_AND_TREE,
     ATTEMPTS,
+    LEASED,
     OWNED,
     STORE_CALLS,
     STORE_MESSAGE,
     TAKE_ALONE,
     TAKE_JOINED,
+    LeasedConversation,
+    LeasedTurn,
+    leased,
     release,
+    usage_with_message,
 )
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
-from orchestrator.events import DeltaBatcher, Outbox
+from orchestrator.events import ConversationIds, DeltaBatcher, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
 from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
@@ -104,11 +111,12 @@ def new_lease_owner() -> str:
 
 def _take_lease(
     rt: Runtime, ids: tuple[str, str, int], owner: str
-) -> tuple[Conversation, Turn, Turn] | None:
+) -> tuple[LeasedConversation, LeasedTurn, JobRow] | None:
     """Take the model-call lease if the cursor is at this step, no live lease
     is held by another copy and the job is not being stopped: one statement,
-    committed on its own, that returns the conversation, the turn and the
-    job's turn. None: this copy leaves."""
+    committed on its own, that returns what the step reads of the
+    conversation, the turn and the job's turn (its budget and totals).
+    None: this copy leaves."""
     conversation_id, turn_id, step = ids
     now = utcnow()
     params = {
@@ -121,17 +129,12 @@ def _take_lease(
     }
     with rt.autocommit() as session:
         if returns_joined_rows(session):
-            found = session.execute(TAKE_JOINED, params).first()
-            if found is None:
-                return None
-            conv, turn = found
+            found = run(session, TAKE_JOINED, params).first()
+        elif run(session, TAKE_ALONE, params).first() is not None:
+            found = run(session, LEASED, params).first()
         else:
-            conv = session.execute(TAKE_ALONE, params).scalar_one_or_none()
-            if conv is None:
-                return None
-            turn = session.get_one(Turn, turn_id)
-        job_turn = turn if turn.job_id in (None, turn.id) else job_of(session, turn)
-    return conv, turn, job_turn
+            found = None
+        return None if found is None else leased(found)
 
 
 def _release_lease(
@@ -156,7 +159,7 @@ def _past_max_steps(
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
-        conv, turn = loaded
+        conv, turn, _ = loaded
         ended = finish_turn(
             session,
             outbox,
@@ -168,8 +171,21 @@ def _past_max_steps(
     return ended or []
 
 
+class _Position(Protocol):
+    """What :func:`_defer` reads of a conversation (a row, or the lease's columns)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def turn_id(self) -> str | None: ...
+    @property
+    def cursor_step(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+
+
 def _defer(
-    session: Session, conv: Conversation, countdown: float, owner: str | None = None
+    session: Session, conv: _Position, countdown: float, owner: str | None = None
 ) -> RunStep:
     """Release the lease (only ``owner``'s, when given: outside a lock on
     the row) and record when the step is due again, so the sweeper does not
@@ -189,10 +205,11 @@ def run_step(
     A step that raises gives its lease up first, so its retry (or the
     sweeper) need not wait for the lease to expire."""
     try:
-        return _run_step(rt, conversation_id, turn_id, step, owner)
+        actions = _run_step(rt, conversation_id, turn_id, step, owner)
     except BaseException:
         _give_up_lease(rt, conversation_id, owner)
         raise
+    return settle(rt, actions)  # a turn's end: the dequeue or parent's advance if due
 
 
 def _give_up_lease(rt: Runtime, conversation_id: str, owner: str) -> None:
@@ -329,11 +346,18 @@ def _left(
     return []
 
 
+class _TurnContext(TurnIds, Protocol):
+    """What :func:`_admit` reads of a turn (a row, or the lease's columns)."""
+
+    @property
+    def context_data(self) -> dict[str, Any]: ...
+
+
 def _admit(
     rt: Runtime,
     outbox: Outbox,
-    conv: Conversation,
-    turn: Turn,
+    conv: ConversationIds,
+    turn: _TurnContext,
     step: int,
     spec: AgentSpec,
     tokens: int,
@@ -396,7 +420,7 @@ def _fit_context(
             loaded = _load_owned(session, conversation_id, turn_id, step, owner)
             if loaded is None:
                 return [], []
-            conv, turn = loaded
+            conv, turn, _ = loaded
             prompt = model_prompt(session, conversation_id, spec, system, names)
             messages = prompt.messages
             size = request_tokens(messages, tools, prompt.chars)
@@ -412,16 +436,18 @@ def _fit_context(
 
 def _load_owned(
     session: Session, conversation_id: str, turn_id: str, step: int, owner: str
-) -> tuple[Conversation, Turn] | None:
+) -> tuple[Conversation, Turn, Turn] | None:
+    """The conversation (its row locked), the turn and the job's turn, if
+    ``owner`` holds the lease at ``step``."""
     # The conversation row first: the one lock order (conversation → tool
     # calls → turns → job turn → event sequence) that a stop follows too.
     found = session.execute(OWNED, {"b_conv": conversation_id, "b_turn": turn_id}).first()
     if found is None:
         return None
-    conv, turn = found
+    conv, turn, job = found
     if not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
         return None
-    return conv, turn
+    return conv, turn, job
 
 
 def _model_failed(
@@ -440,7 +466,7 @@ def _model_failed(
         loaded = _load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
-        conv, turn = loaded
+        conv, turn, _ = loaded
         failures = (
             1
             + session.exec(
@@ -627,7 +653,7 @@ def _persist_owned(
         if loaded is None:  # the caller stores llm.requested with the usage
             outbox.discard()
             return None
-        conv, turn = loaded
+        conv, turn, job = loaded
         spec = AgentSpec.model_validate(conv.agent_spec)
         final = final_call(spec, reply.tool_calls)
         errors = problems(spec, final.params) if final else None
@@ -636,7 +662,6 @@ def _persist_owned(
             session, turn_id
         ) >= spec.output_retries:
             verdict = "give-up"
-        job = job_of(session, turn)
         left = tool_calls_left(job)
         runs = len(reply.tool_calls) if verdict == "tools" else 0
         runs = runs if left is None else min(runs, left)
@@ -704,20 +729,17 @@ def _add_usage(
         content.append(TextBlock(text=reply.text))
     content.extend(reply.tool_calls)
     usage = reply.usage
-    session.execute(
-        STORE_MESSAGE,
-        {
-            "conversation_id": conv.id,
-            "turn_id": turn.id,
-            "step": step,
-            "kind": "assistant",
-            "role": "assistant",
-            "content": [b.model_dump(mode="json") for b in content],
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "cost_usd": usage.cost_usd,
-        },
-    )
+    message = {
+        "conversation_id": conv.id,
+        "turn_id": turn.id,
+        "step": step,
+        "kind": "assistant",
+        "role": "assistant",
+        "content": [b.model_dump(mode="json") for b in content],
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cost_usd": usage.cost_usd,
+    }
     own: dict[str, Any] = {
         "b_turn": turn.id,
         "b_steps": step + 1,
@@ -730,7 +752,12 @@ def _add_usage(
         own.update(tree_params(usage, tool_calls))
     # Core: the turn object keeps its loaded usage and totals (nothing
     # reads them after this); its step count is what the turn's end reads.
-    session.execute(ADD_USAGE_AND_TREE if combined else ADD_USAGE, own)
+    # On Postgres the message's INSERT rides on the usage's UPDATE.
+    if returns_joined_rows(session):
+        session.execute(usage_with_message(combined), {**message_params(message), **own})
+    else:
+        session.execute(STORE_MESSAGE, message)
+        session.execute(ADD_USAGE_AND_TREE if combined else ADD_USAGE, own)
     set_committed_value(turn, "steps", step + 1)
     if not combined:
         roll_up(session, job.id, usage, tool_calls)

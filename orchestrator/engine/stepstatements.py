@@ -8,16 +8,18 @@ read back go to the tables (Core), without ORM bookkeeping.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Update, bindparam, func, insert, or_, update
 from sqlalchemy import select as select_columns
 from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
-from orchestrator.engine.budget import TREE_TOTALS
+from orchestrator.engine.budget import JOB_ROW_COLUMNS, TREE_TOTALS, JobRow
 from orchestrator.engine.output import FINAL_ANSWER
+from orchestrator.engine.prebuilt import MESSAGE_VALUES
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
 from schemas import ConversationState
 
@@ -28,39 +30,92 @@ _TOOL_CALLS = table(ToolCallRow)
 
 _JOB = aliased(Turn, name="job")
 
+_JOB_TURNS = _TURNS.alias("job")
+
+
+class LeasedConversation(NamedTuple):
+    """What a step reads of its conversation when it takes the lease."""
+
+    id: str
+    root_id: str
+    agent_spec: dict[str, Any]
+    turn_id: str
+    cursor_step: int
+    priority: int
+
+
+class LeasedTurn(NamedTuple):
+    """What a step reads of its turn when it takes the lease."""
+
+    id: str
+    correlation_id: str
+    context_data: dict[str, Any]
+
+
 #: The model-call lease (:func:`~orchestrator.engine.step._take_lease`).
 _TAKE = (
-    update(Conversation)
+    update(_CONVERSATIONS)
+    .where(
+        _CONVERSATIONS.c.id == bindparam("b_conv"),
+        _CONVERSATIONS.c.state == ConversationState.RUNNING.value,
+        _CONVERSATIONS.c.turn_id == bindparam("b_turn"),
+        _CONVERSATIONS.c.cursor_step == bindparam("b_step"),
+        _CONVERSATIONS.c.cursor_segment == -1,
+        or_(
+            _CONVERSATIONS.c.lease_until.is_(None),
+            _CONVERSATIONS.c.lease_until < bindparam("b_now"),
+            _CONVERSATIONS.c.lease_owner == bindparam("b_owner"),
+        ),
+        _TURNS.c.id == bindparam("b_turn"),
+        _TURNS.c.conversation_id == _CONVERSATIONS.c.id,
+        _JOB_TURNS.c.id == func.coalesce(_TURNS.c.job_id, _TURNS.c.id),
+        _JOB_TURNS.c.stop_status.is_(None),
+    )
+    .values(lease_owner=bindparam("b_owner"), lease_until=bindparam("b_until"))
+)
+#: The columns of :class:`LeasedConversation`, :class:`LeasedTurn` and the
+#: job's :class:`~orchestrator.engine.budget.JobRow`, in order (labelled:
+#: the three tables share column names).
+_LEASED = (
+    *(_CONVERSATIONS.c[c].label(f"c_{c}") for c in LeasedConversation._fields),
+    *(_TURNS.c[c].label(f"t_{c}") for c in LeasedTurn._fields),
+    *(_JOB_TURNS.c[c].label(f"j_{c}") for c in JOB_ROW_COLUMNS),
+)
+#: Take the lease and read the step's columns: Core rows, not entities
+#: (an ORM update is annotated anew at every execution, so SQLAlchemy
+#: generated its cache key again each time, and loading two wide entities
+#: cost more than the statement).
+TAKE_JOINED = _TAKE.returning(*_LEASED)
+#: SQLite, whose RETURNING cannot name joined tables: the lease, then
+#: :data:`LEASED`.
+TAKE_ALONE = _TAKE.returning(_CONVERSATIONS.c.id)
+LEASED = select_columns(*_LEASED).where(
+    _CONVERSATIONS.c.id == bindparam("b_conv"),
+    _TURNS.c.id == bindparam("b_turn"),
+    _JOB_TURNS.c.id == func.coalesce(_TURNS.c.job_id, _TURNS.c.id),
+)
+
+
+def leased(row: Sequence[Any]) -> tuple[LeasedConversation, LeasedTurn, JobRow]:
+    """A row of :data:`TAKE_JOINED` or :data:`LEASED`, split in three."""
+    conv_end = len(LeasedConversation._fields)
+    turn_end = conv_end + len(LeasedTurn._fields)
+    return (
+        LeasedConversation(*row[:conv_end]),
+        LeasedTurn(*row[conv_end:turn_end]),
+        JobRow(*row[turn_end:]),
+    )
+
+
+#: The conversation, the turn and the job's turn, the conversation's row
+#: locked (:func:`~orchestrator.engine.step._load_owned`).
+OWNED = (
+    select(Conversation, Turn, _JOB)
     .where(
         col(Conversation.id) == bindparam("b_conv"),
-        col(Conversation.state) == ConversationState.RUNNING.value,
-        col(Conversation.turn_id) == bindparam("b_turn"),
-        col(Conversation.cursor_step) == bindparam("b_step"),
-        col(Conversation.cursor_segment) == -1,
-        or_(
-            col(Conversation.lease_until).is_(None),
-            col(Conversation.lease_until) < bindparam("b_now"),
-            col(Conversation.lease_owner) == bindparam("b_owner"),
-        ),
         col(Turn.id) == bindparam("b_turn"),
         col(Turn.conversation_id) == Conversation.id,
         col(_JOB.id) == func.coalesce(Turn.job_id, Turn.id),
-        col(_JOB.stop_status).is_(None),
-    )
-    .values(lease_owner=bindparam("b_owner"), lease_until=bindparam("b_until"))
-    .execution_options(synchronize_session=False)
-)
-TAKE_JOINED = _TAKE.returning(Conversation, Turn)
-TAKE_ALONE = _TAKE.returning(Conversation)
-
-#: The conversation and the turn, the conversation's row locked
-#: (:func:`~orchestrator.engine.step._load_owned`).
-OWNED = (
-    select(Conversation, Turn)
-    .where(
-        col(Conversation.id) == bindparam("b_conv"),
-        col(Turn.id) == bindparam("b_turn"),
-        col(Turn.conversation_id) == Conversation.id,
     )
     .with_for_update(of=Conversation)
     .execution_options(populate_existing=True)
@@ -92,6 +147,18 @@ _OWN_USAGE: dict[str, Any] = {
 ADD_USAGE = update(_TURNS).where(_TURNS.c.id == bindparam("b_turn")).values(_OWN_USAGE)
 #: The same and, for a job's own turn, its tree totals: one update of the row.
 ADD_USAGE_AND_TREE = ADD_USAGE.values(TREE_TOTALS)
+
+
+_NEW_MESSAGE = insert(_MESSAGES).values(MESSAGE_VALUES)
+
+
+@cache
+def usage_with_message(tree: bool) -> Update:
+    """Postgres: :data:`ADD_USAGE` (``tree``: :data:`ADD_USAGE_AND_TREE`) with
+    the INSERT of the assistant message (:data:`_NEW_MESSAGE`) as a CTE: one
+    statement, one round trip."""
+    usage = ADD_USAGE_AND_TREE if tree else ADD_USAGE
+    return usage.add_cte(_NEW_MESSAGE.cte("stored"))
 
 
 @cache

@@ -219,7 +219,9 @@ def answer_parent(
         result=answer,
     )
     conversation_id, turn_id = call.conversation.id, call.turn.id
-    return [RunAdvance(conversation_id, turn_id, call.step, call.segment, call.priority)]
+    return [
+        RunAdvance(conversation_id, turn_id, call.step, call.segment, call.priority, if_ready=True)
+    ]
 
 
 _TURNS = table(Turn)

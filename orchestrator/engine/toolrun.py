@@ -77,7 +77,9 @@ def _cap(result: Any, limit: int) -> Any:
     return text[:limit] + f"… [truncated {len(text) - limit} characters]"
 
 
-def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Action]:
+def run_tool(
+    rt: Runtime, call_id: str, task_id: str | None = None, subagent: bool = False
+) -> list[Action]:
     """Run the call unless it already has a result (a redelivered copy), its
     turn has ended or its job is being stopped. The claim and the result are
     conditional updates: a copy that finds the call finished leaves (and
@@ -89,10 +91,19 @@ def run_tool(rt: Runtime, call_id: str, task_id: str | None = None) -> list[Acti
     The claim is one statement committed on its own (it reads the call, its
     turn, its job's stop mark and its conversation as it claims); the
     result is one statement too, storing the result's event and the call's
-    ``tool.started`` (carrying the claim's time) only if the result took."""
-    claimed = _claim(rt, call_id, task_id)
+    ``tool.started`` (carrying the claim's time) only if the result took.
+
+    ``subagent``: the dispatcher's word that the call names a subagent, so
+    the claim of a tool run (which never takes such a call) is skipped; a
+    call that turns out not to name one is claimed as usual."""
+    claimed = None if subagent else _claim(rt, call_id, task_id)
     if claimed is None:
-        return _start_subagent(rt, call_id, task_id)
+        child = _start_subagent(rt, call_id, task_id)
+        if child is not None or not subagent:
+            return child or []
+        claimed = _claim(rt, call_id, task_id)
+        if claimed is None:
+            return []
     call, turn, conv = claimed
     _bind(call, turn, conv)
     spec = AgentSpec.model_validate(conv.agent_spec)
@@ -169,18 +180,19 @@ def _claim(rt: Runtime, call_id: str, task_id: str | None) -> Claimed | None:
         return claim(session, call_id, task_id)
 
 
-def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Action]:
+def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Action] | None:
     """Claim a subagent call and start its child, in one transaction (a
     claimed call always has its child or its error result). The call, its
     turn, its job's stop mark and its conversation are one read of the
-    columns used (:func:`orchestrator.engine.subagentstatements.read_call`)."""
+    columns used (:func:`orchestrator.engine.subagentstatements.read_call`).
+    None: the call names no subagent."""
     with rt.transaction() as (session, outbox):
         found = read_call(session, call_id)
         if found is None:
             return []
         call, turn, conv = found
         if not is_subagent_call(call.tool):
-            return []  # finished, its turn ended or its job stopping: _claim said so
+            return None
         if call.status in CALL_FINISHED or turn.status != TurnStatus.RUNNING.value:
             return []
         if turn.job_stop_status is not None:

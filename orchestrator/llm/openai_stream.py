@@ -16,6 +16,7 @@ OpenAI client and no request or response rewriting Chorus relies on.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import threading
@@ -228,8 +229,7 @@ def _post(
     messages (no aliased keys, dates or files). litellm has already checked
     the parameters. An SDK without request security options takes
     ``create``'s own way."""
-    from openai import Stream
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.chat import ChatCompletion
 
     options = _request_options(headers, extra_body)
     if options is None:
@@ -248,8 +248,44 @@ def _post(
         options=options,
         cast_to=ChatCompletion,
         stream=True,
-        stream_cls=Stream[ChatCompletionChunk],
+        stream_cls=_stream_class(),
     )
+
+
+@cache
+def _stream_class() -> Any:
+    """The SDK's stream of chunks, reading the response to its end after
+    ``data: [DONE]`` so that its connection goes back to the pool.
+
+    The SDK's own stream stops reading at ``[DONE]`` and closes the
+    response there: the end of the body is still unread, so httpx cannot
+    reuse the connection and closes it. Every call then opened a new
+    connection (a TLS handshake, on a real provider). What follows
+    ``[DONE]`` is only the body's end, which OpenAI-protocol servers send
+    with it; an error reading it is ignored (the reply is whole; the
+    connection is closed instead). A server that held the body open after
+    ``[DONE]`` would hold the step like one that stalls before it, up to
+    the call's read timeout. An SDK whose stream has no ``_iter_events``
+    keeps its own behaviour."""
+    from openai import Stream
+    from openai.types.chat import ChatCompletionChunk
+
+    if not hasattr(Stream, "_iter_events"):
+        return Stream[ChatCompletionChunk]
+
+    class _ReadToEnd(Stream[ChatCompletionChunk]):
+        def _iter_events(self) -> Any:
+            events = super()._iter_events()
+            for sse in events:
+                if sse.data.startswith("[DONE]"):
+                    # the reply is whole: a failure to read the end of the body
+                    # (a dropped connection, a timeout) only costs the connection
+                    with contextlib.suppress(Exception):
+                        for _ in events:  # anything after [DONE] is ignored
+                            pass
+                yield sse
+
+    return _ReadToEnd
 
 
 def _request_options(headers: dict[str, str], extra_body: dict[str, Any]) -> Any:

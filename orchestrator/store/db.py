@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Engine
@@ -29,6 +29,22 @@ from sqlmodel import Session, create_engine
 RECYCLE_SECONDS = 1800
 #: A connection idle in the pool longer than this is pinged before use.
 PING_AFTER_IDLE = 5.0
+
+
+class Pool(NamedTuple):
+    """A process's Postgres connections: ``size`` are kept once opened (until
+    recycled), ``overflow`` more are opened under a burst and closed again
+    when returned. A new connection is a forked server process that loads
+    its caches and plans every statement afresh: with 10 kept and 40 more
+    closed on return, a busy fleet opened dozens of connections a second,
+    and Postgres spent more CPU starting backends than answering queries."""
+
+    size: int
+    overflow: int
+
+
+#: ``CHORUS_DB_POOL_SIZE`` and ``CHORUS_DB_POOL_OVERFLOW``'s defaults.
+DEFAULT_POOL = Pool(20, 30)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -77,9 +93,19 @@ def _sqlite_begin(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def get_engine(url: str, pool: Pool = DEFAULT_POOL) -> Engine:
+    """One pooled engine per URL (and pool size) per process."""
+    return _engine(url, pool)
+
+
+def forget_engines() -> None:
+    """Drop this process's engines (a forked child opens its own)."""
+    _engine.cache_clear()
+    _autocommit_engine.cache_clear()
+
+
 @lru_cache(maxsize=8)
-def get_engine(url: str) -> Engine:
-    """One pooled engine per URL per process."""
+def _engine(url: str, pool: Pool) -> Engine:
     if url.startswith("sqlite"):
         path = url.removeprefix("sqlite:///")
         if path and path != ":memory:":
@@ -93,18 +119,26 @@ def get_engine(url: str) -> Engine:
     # LIFO: the hot path keeps reusing the connections just returned, so
     # they are not idle long enough to be pinged; the others age out.
     engine = create_engine(
-        url, pool_recycle=RECYCLE_SECONDS, pool_use_lifo=True, pool_size=10, max_overflow=40
+        url,
+        pool_recycle=RECYCLE_SECONDS,
+        pool_use_lifo=True,
+        pool_size=pool.size,
+        max_overflow=pool.overflow,
     )
     event.listen(engine.pool, "checkin", _checked_in)
     event.listen(engine.pool, "checkout", _ping_if_idle)
     return engine
 
 
-@lru_cache(maxsize=8)
-def autocommit_engine(url: str) -> Engine:
+def autocommit_engine(url: str, pool: Pool = DEFAULT_POOL) -> Engine:
     """The same pool, each statement committed on its own: for a single
     statement that is its own transaction (no ``BEGIN``/``COMMIT`` round trips)."""
-    return get_engine(url).execution_options(isolation_level="AUTOCOMMIT")
+    return _autocommit_engine(url, pool)
+
+
+@lru_cache(maxsize=8)
+def _autocommit_engine(url: str, pool: Pool) -> Engine:
+    return _engine(url, pool).execution_options(isolation_level="AUTOCOMMIT")
 
 
 def returns_joined_rows(session: Session) -> bool:
@@ -114,10 +148,12 @@ def returns_joined_rows(session: Session) -> bool:
 
 
 @contextmanager
-def session_scope(url: str, *, autocommit: bool = False) -> Iterator[Session]:
+def session_scope(
+    url: str, *, autocommit: bool = False, pool: Pool = DEFAULT_POOL
+) -> Iterator[Session]:
     """A session whose transaction commits on success and rolls back on error;
     with ``autocommit``, every statement commits as it runs."""
-    engine = autocommit_engine(url) if autocommit else get_engine(url)
+    engine = autocommit_engine(url, pool) if autocommit else get_engine(url, pool)
     with Session(engine, expire_on_commit=False) as session:
         try:
             yield session

@@ -55,6 +55,34 @@ def test_tool_calls_and_streaming_through_litellm(client: Client, workers: Any) 
     assert job.status().usage.input_tokens > 0
 
 
+def test_streamed_calls_reuse_their_connection(client: Client, workers: Any) -> None:
+    # Given a provider that keeps connections alive and streams chunked, as real ones do
+    with LoopbackLLM(keep_alive=True) as server:
+        server.enqueue_tool_calls([("add", {"a": 2, "b": 40})])
+        server.enqueue_text("42.")
+
+        # When the fleet runs a turn of two streamed model calls
+        answer = client.submit(loopback_agent(server), "What is 2 + 40?").result(timeout=60)
+
+        # Then both went over one connection: each stream was read to its end
+        # (past "data: [DONE]"), so it went back to the client's pool
+        assert answer == "42."
+        assert len(server.requests) == 2
+        assert server.connections == 1
+
+
+def test_a_connection_lost_after_done_keeps_the_reply(client: Client, workers: Any) -> None:
+    # Given a provider that drops the connection after "data: [DONE]", before the body's end
+    with LoopbackLLM(keep_alive=True) as server:
+        server.enqueue_text("Complete anyway.", drop_after_done=True)
+
+        # Then the reply, whole at [DONE], is the answer: no failed call, no second call
+        job = client.submit(loopback_agent(server), "hi")
+        assert job.result(timeout=60) == "Complete anyway."
+        assert len(server.requests) == 1
+        assert not [e for e in job.events(timeout=5) if e.name is EventName.LLM_FAILED]
+
+
 def test_provider_error_fails_the_turn_with_status(client: Client, workers: Any) -> None:
     with LoopbackLLM() as server:
         server.enqueue_error(401, message="bad key")

@@ -204,6 +204,7 @@ def test_a_four_tool_step_costs_few_transactions_and_round_trips(
     print(
         f"issue targets: transactions <= {TARGET_TRANSACTIONS}, round trips <= {TARGET_ROUND_TRIPS}"
     )
+    assert figures["statements"] > 0, "no statement was counted: the meter listens elsewhere"
     assert figures["transactions"] <= TARGET_TRANSACTIONS
     assert figures["round trips"] <= TARGET_ROUND_TRIPS
     assert figures["commits"] <= MAX_COMMITS
