@@ -17,7 +17,6 @@ from sqlmodel import Session
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
-from orchestrator.engine.budget import lock_job
 from orchestrator.engine.history import copy_messages
 from orchestrator.engine.prebuilt import insert_new, run
 from orchestrator.engine.subagentstatements import (
@@ -102,8 +101,7 @@ def _take_child_slot(
             f"subagent depth limit reached ({rt.settings.max_depth} levels below the root)",
             ["depth"],
         )
-    job_id = turn.job_id or turn.id
-    lock_job(session, job_id)
+    job_id = turn.job_id or turn.id  # its root's row: locked by the caller
     taken = run(session, _TAKE_SLOT, {"where_id": job_id, "max_children": rt.settings.max_children})
     if taken.rowcount != 1:
         job = session.get(Turn, job_id)
@@ -124,7 +122,9 @@ def start_child(
 ) -> list[Action]:
     """Create the child conversation and its turn; a ChorusError means the
     call is answered at once with an error result instead. ``caller``: the
-    call's turn, its conversation and that conversation's agent.
+    call's turn, its conversation and that conversation's agent. The caller
+    holds the lock of the job's root row (:func:`~orchestrator.engine.budget.lock_job`),
+    taken before it claimed the call: the one lock order.
 
     The child's rows are inserted from their values (no entities: nothing
     reads them in this transaction)."""

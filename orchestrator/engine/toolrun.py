@@ -12,6 +12,7 @@ from sqlmodel import Session
 from orchestrator import registry
 from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
+from orchestrator.engine.budget import lock_job
 from orchestrator.engine.cancel import cancel_watch
 from orchestrator.engine.outputs import READ_TOOL_OUTPUT, archives, read_output
 from orchestrator.engine.subagents import is_subagent_call, start_child
@@ -202,6 +203,10 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         if refused is not None:  # never start a subagent the agent was not given
             _store_result(session, outbox, call, turn, conv, refused, True)
             return []
+        # The job's root row before the call's: the one lock order (a stop
+        # ending the caller's turn locks its conversation, then its calls);
+        # the child's start takes a slot on the job's turn under this lock.
+        lock_job(session, turn.job_id or turn.id)
         claimed = _claim_in(session, call_id, task_id)
         if claimed is None:
             return []  # another copy finished it since the read above

@@ -148,8 +148,61 @@ def test_a_cancel_meeting_steps_that_wait_on_the_job_turn_does_not_deadlock(
     assert failures == []
     assert _ended(job, timeout=20).status is TurnStatus.CANCELLED
     _assert_tree_at_rest(client, job)
-    log = Path(workers["llm"].log_path).read_text(errors="replace")
-    assert "deadlock detected" not in log
+    assert _deadlocks(workers) == []
+
+
+def _deadlocks(workers: Any) -> list[str]:
+    """The lines of the workers' logs (the whole session's) that report one."""
+    return [
+        line
+        for worker in workers.values()
+        for line in Path(worker.log_path).read_text(errors="replace").splitlines()
+        if "deadlock detected" in line
+    ]
+
+
+def test_a_subagent_start_takes_the_root_row_before_its_call_so_a_stop_cannot_deadlock(
+    client: Client, workers: Any
+) -> None:
+    # Given a job whose lead called a subagent, the child's start not picked up
+    # yet (the llm worker does not consume control)
+    llm = [workers["llm"].name]
+    client.celery.control.cancel_consumer("control", destination=llm, reply=True)
+    try:
+        job = client.submit("spawner", "spawn 1")
+        call = _pending_call(client, job)
+        with client.runtime.session() as stop:
+            # ... and a stop ending the lead's turn holds the root's row (as
+            # cancel's end of the job's own turn does, then its calls)
+            stop.execute(
+                text("SELECT id FROM chorus_conversation WHERE id = :id FOR UPDATE"),
+                {"id": job.root_id},
+            )
+            # When the child's start runs meanwhile
+            client.celery.control.add_consumer("control", destination=llm, reply=True)
+            _until(lambda: _lock_waiters(client) >= 1, "the child's start never waited")
+
+            # Then it waits for the root's row without holding the call's
+            # (holding it, each would wait for the other: a deadlock)
+            stop.execute(
+                text("SELECT id FROM chorus_tool_call WHERE id = :id FOR UPDATE NOWAIT"),
+                {"id": call},
+            )
+    finally:
+        client.celery.control.add_consumer("control", destination=llm, reply=True)
+    assert job.result(timeout=30) == 'children: ["done k0"]'
+
+
+def _pending_call(client: Client, job: Job) -> str:
+    """The id of the job's first tool call, once its step has stored it."""
+    deadline = time.monotonic() + 30
+    while True:
+        with client.runtime.session() as s:
+            found = s.exec(select(ToolCallRow.id).where(ToolCallRow.turn_id == job.id)).first()
+        if found is not None:
+            return found
+        assert time.monotonic() < deadline, "the lead never called its subagent"
+        time.sleep(0.05)
 
 
 def test_a_stop_whose_process_died_after_marking_is_finished_by_the_sweeper(
