@@ -144,13 +144,17 @@ def tree_params(usage: Usage, tool_calls: int) -> dict[str, Any]:
     }
 
 
-def roll_up(session: Session, job_id: str, usage: Usage, tool_calls: int) -> None:
-    """Add one model call's usage to the job's tree totals (atomically).
+def roll_up(
+    session: Session, job_id: str, usage: Usage, tool_calls: int, *, locked: bool = False
+) -> None:
+    """Add one model call's usage to the job's tree totals (atomically);
+    ``locked``: the caller holds :func:`lock_job` already.
 
     A Core update of the table, not of the entity: a turn object the
     session holds keeps the totals it was loaded with (nothing reads them
     after a roll-up), and no ORM bookkeeping runs per call."""
-    lock_job(session, job_id)
+    if not locked:
+        lock_job(session, job_id)
     session.execute(_ROLL_UP, {"b_job": job_id, **tree_params(usage, tool_calls)})
 
 

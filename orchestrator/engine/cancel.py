@@ -20,9 +20,9 @@ needs and a process dying midway leaves a stop someone else can finish:
 The sweeper finishes any marked job whose turn still runs
 (:func:`resume_stop`), so a stop whose process died still ends.
 
-Every transaction takes its locks in the one order used everywhere:
-conversation rows, then tool call rows, then turn rows, then the job's
-turn, then the root's event sequence.
+Every transaction takes its locks in the one order used everywhere
+(docs/architecture.md, "One lock order"): its conversation's row, the
+job's root row before any job's turn is written, then calls and turns.
 """
 
 from __future__ import annotations
@@ -242,6 +242,8 @@ def _end_turn(
         session.refresh(turn)
         if turn.status != TurnStatus.RUNNING.value or conv.turn_id != turn.id:
             return [], []
+        if turn.job_id in (None, turn.id):  # a job's turn: the root's row before its calls
+            lock_job(session, turn.id)
         calls = _cancel_calls(session, outbox, conv, turn)
         ended = finish_turn(session, outbox, conv, turn, status, error=reason, notify_parent=False)
         assert ended is not None, "the conversation row is locked: its cursor cannot move"

@@ -18,7 +18,7 @@ from sqlalchemy import update
 from sqlmodel import Session, col
 
 from orchestrator.engine.actions import Action, Checkpoint
-from orchestrator.engine.budget import record_paid
+from orchestrator.engine.budget import lock_job, record_paid
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
 from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
@@ -122,18 +122,26 @@ def _add_usage(
 ) -> None:
     """The summarizer's call is paid like a step's: its usage goes to the
     conversation, the turn and the job's tree (a model call of the job's
-    ``steps`` budget), with a ``usage`` event."""
-    for table, row_id in ((Conversation, conv.id), (Turn, turn.id)):  # lock order
-        session.execute(
-            update(table)
-            .where(col(table.id) == row_id)
-            .values(
-                input_tokens=col(table.input_tokens) + usage.input_tokens,
-                output_tokens=col(table.output_tokens) + usage.output_tokens,
-                cost_usd=col(table.cost_usd) + usage.cost_usd,
-            )
-        )
+    ``steps`` budget), with a ``usage`` event. Locks in the one order: the
+    conversation, the job's root row, the turn, the job's turn."""
+    _add_to(session, Conversation, conv.id, usage)
+    lock_job(session, turn.job_id or turn.id)
+    _add_to(session, Turn, turn.id, usage)
     record_paid(session, outbox, conv, turn, turn.steps, usage, checkpoint=True)
+
+
+def _add_to(
+    session: Session, table: type[Conversation] | type[Turn], row_id: str, usage: Usage
+) -> None:
+    session.execute(
+        update(table)
+        .where(col(table.id) == row_id)
+        .values(
+            input_tokens=col(table.input_tokens) + usage.input_tokens,
+            output_tokens=col(table.output_tokens) + usage.output_tokens,
+            cost_usd=col(table.cost_usd) + usage.cost_usd,
+        )
+    )
 
 
 def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:

@@ -22,6 +22,7 @@ from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
     JobRow,
     exceeded,
+    lock_job,
     record_paid,
     record_usage,
     roll_up,
@@ -439,8 +440,8 @@ def _load_owned(
 ) -> tuple[Conversation, Turn, Turn] | None:
     """The conversation (its row locked), the turn and the job's turn, if
     ``owner`` holds the lease at ``step``."""
-    # The conversation row first: the one lock order (conversation → tool
-    # calls → turns → job turn → event sequence) that a stop follows too.
+    # The conversation row first: the one lock order (docs/architecture.md)
+    # that a stop follows too.
     found = session.execute(OWNED, {"b_conv": conversation_id, "b_turn": turn_id}).first()
     if found is None:
         return None
@@ -716,10 +717,14 @@ def _add_usage(
     ``tool_calls`` that run to the job's tree totals; return the
     conversation's new totals. ``turns``: the turn and its job's turn.
 
-    The turn's own usage and, for a job's own turn, the tree totals are
-    one update of the turn's row: the conversation's row, locked first, is
-    the root's, which orders every writer of the job's turn (a subagent's
-    step takes the root's row first, :func:`~orchestrator.engine.budget.lock_job`)."""
+    The turn's own usage and, for a job's own turn on its root
+    conversation, the tree totals are one update of the turn's row: the
+    conversation's row, locked first, is the root's, which orders every
+    writer of the job's turn. Any other step takes the root's row
+    (:func:`~orchestrator.engine.budget.lock_job`) before it writes a turn:
+    a job on a subagent's conversation writes its own turn and then the
+    tree totals on that same turn, and a stop locks the root's row, then
+    the job's turn."""
     turn, job = turns
     model_began, step_began = clocks
     content: list[ContentBlock] = []
@@ -750,6 +755,8 @@ def _add_usage(
     combined = job.id == turn.id and conv.id == conv.root_id
     if combined:
         own.update(tree_params(usage, tool_calls))
+    if not combined:  # the root's row before any turn's: the one lock order
+        lock_job(session, job.id)
     # Core: the turn object keeps its loaded usage and totals (nothing
     # reads them after this); its step count is what the turn's end reads.
     # On Postgres the message's INSERT rides on the usage's UPDATE.
@@ -760,7 +767,7 @@ def _add_usage(
         session.execute(ADD_USAGE_AND_TREE if combined else ADD_USAGE, own)
     set_committed_value(turn, "steps", step + 1)
     if not combined:
-        roll_up(session, job.id, usage, tool_calls)
+        roll_up(session, job.id, usage, tool_calls, locked=True)
     now = time.monotonic()
     outbox.record(
         EventName.LLM_COMPLETED,

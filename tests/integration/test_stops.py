@@ -193,6 +193,36 @@ def test_a_subagent_start_takes_the_root_row_before_its_call_so_a_stop_cannot_de
     assert job.result(timeout=30) == 'children: ["done k0"]'
 
 
+def test_a_job_on_a_subagents_conversation_takes_the_root_row_before_its_turn(
+    client: Client, workers: Any
+) -> None:
+    # Given a subagent's conversation, idle once its parent's job ended
+    parent = client.submit("spawner", "spawn 1")
+    parent.result(timeout=30)
+    with client.runtime.session() as s:
+        child = s.exec(
+            select(Conversation.id).where(
+                Conversation.root_id == parent.root_id, Conversation.id != parent.root_id
+            )
+        ).one()
+    with client.runtime.session() as stop:
+        # ... and a stop holding the root's row (it writes the job's turn next)
+        stop.execute(
+            text("SELECT id FROM chorus_conversation WHERE id = :id FOR UPDATE"),
+            {"id": parent.root_id},
+        )
+        # When a job runs on the subagent's conversation meanwhile
+        job = client.submit("quick", "again", conversation_id=child)
+        _until(lambda: _lock_waiters(client) >= 1, "the job's step never waited")
+
+        # Then its step waits for the root's row without holding its turn's
+        stop.execute(
+            text("SELECT id FROM chorus_turn WHERE id = :id FOR UPDATE NOWAIT"), {"id": job.id}
+        )
+    assert job.result(timeout=30) == "ok: again"
+    assert _deadlocks(workers) == []
+
+
 def _pending_call(client: Client, job: Job) -> str:
     """The id of the job's first tool call, once its step has stored it."""
     deadline = time.monotonic() + 30
