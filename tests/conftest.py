@@ -156,7 +156,9 @@ def client(settings: Settings) -> Iterator[Client]:
 
 @pytest.fixture(scope="session")
 def workers(settings: Settings, client: Client) -> Iterator[dict[str, WorkerProcess]]:
-    """One I/O worker (llm, control; threads) and one tools worker (prefork)."""
+    """One I/O worker (llm, control; threads) and one tools worker (prefork).
+    At the end, neither may have lost a deadlock in the whole session: the
+    one lock order (docs/architecture.md) rules them out."""
     procs = {
         "llm": WorkerProcess(settings, "llm", "-Q", "llm,control", "-P", "threads", "-c", "16"),
         "tools": WorkerProcess(settings, "tools", "-Q", "tools", "-P", "prefork", "-c", "4"),
@@ -168,3 +170,10 @@ def workers(settings: Settings, client: Client) -> Iterator[dict[str, WorkerProc
     finally:
         for p in procs.values():
             p.stop()
+    deadlocks = [
+        line
+        for p in procs.values()
+        for line in p.log_path.read_text(errors="replace").splitlines()
+        if "deadlock detected" in line
+    ]
+    assert deadlocks == [], "workers lost deadlocks this session:\n" + "\n".join(deadlocks[:5])

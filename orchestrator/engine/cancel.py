@@ -231,7 +231,7 @@ def _end_turn(
     rt: Runtime, turn_id: str, status: TurnStatus, reason: str
 ) -> tuple[list[str], list[Action]]:
     """End one running turn in its own transaction: lock its conversation
-    first, then its calls, then the turn."""
+    first, then (a job's turn) the job's root row, then its calls, then the turn."""
     with rt.transaction() as (session, outbox):
         turn = session.get(Turn, turn_id)
         assert turn is not None
@@ -242,8 +242,8 @@ def _end_turn(
         session.refresh(turn)
         if turn.status != TurnStatus.RUNNING.value or conv.turn_id != turn.id:
             return [], []
-        if turn.job_id in (None, turn.id):  # a job's turn: the root's row before its calls
-            lock_job(session, turn.id)
+        if turn.job_id in (None, turn.id) and conv.id != conv.root_id:
+            lock_job(session, turn.id)  # a job's turn: the root's row before its calls
         calls = _cancel_calls(session, outbox, conv, turn)
         ended = finish_turn(session, outbox, conv, turn, status, error=reason, notify_parent=False)
         assert ended is not None, "the conversation row is locked: its cursor cannot move"

@@ -230,7 +230,7 @@ _TURNS = table(Turn)
 _CHILD_OF = select(_TURNS.c.id).where(_TURNS.c.parent_call_id == bindparam("call_id"))
 
 #: One more child for the job, within the fan-out limit, unless it is being
-#: stopped (a stop marked since the call was claimed: no new child, as the
+#: stopped (a stop marked since the call was read: no new child, as the
 #: stop could otherwise end the job's turn before this child).
 _TAKE_SLOT = (
     update(_TURNS)

@@ -108,6 +108,20 @@ def _lock_waiters(client: Client) -> int:
         )
 
 
+def _blocked_by(client: Client, holder: Any) -> int:
+    """Transactions waiting for a lock the ``holder`` session holds."""
+    pid = holder.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    with client.runtime.session() as s:
+        return int(
+            s.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+                ),
+                {"pid": pid},
+            ).scalar_one()
+        )
+
+
 def _until(condition: Any, what: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -120,6 +134,7 @@ def test_a_cancel_meeting_steps_that_wait_on_the_job_turn_does_not_deadlock(
 ) -> None:
     # Given children whose steps are storing their replies, held up on the job's
     # turn (another step's usage roll-up holds it)
+    logged = _log_ends(workers)
     job = client.submit("stoppable-lead", "run")
     _wait_busy(client, job)
     with client.runtime.session() as other_step:
@@ -148,17 +163,23 @@ def test_a_cancel_meeting_steps_that_wait_on_the_job_turn_does_not_deadlock(
     assert failures == []
     assert _ended(job, timeout=20).status is TurnStatus.CANCELLED
     _assert_tree_at_rest(client, job)
-    assert _deadlocks(workers) == []
+    assert _deadlocks(workers, logged) == []
 
 
-def _deadlocks(workers: Any) -> list[str]:
-    """The lines of the workers' logs (the whole session's) that report one."""
-    return [
-        line
-        for worker in workers.values()
-        for line in Path(worker.log_path).read_text(errors="replace").splitlines()
-        if "deadlock detected" in line
-    ]
+def _log_ends(workers: Any) -> dict[str, int]:
+    """Where each worker's log ends now."""
+    return {name: Path(w.log_path).stat().st_size for name, w in workers.items()}
+
+
+def _deadlocks(workers: Any, since: dict[str, int]) -> list[str]:
+    """The lines the workers logged after ``since`` (:func:`_log_ends`) that
+    report one. (The ``workers`` fixture checks the whole session's.)"""
+    lines = []
+    for name, worker in workers.items():
+        with Path(worker.log_path).open("rb") as log:
+            log.seek(since[name])
+            lines += log.read().decode(errors="replace").splitlines()
+    return [line for line in lines if "deadlock detected" in line]
 
 
 def test_a_subagent_start_takes_the_root_row_before_its_call_so_a_stop_cannot_deadlock(
@@ -167,7 +188,7 @@ def test_a_subagent_start_takes_the_root_row_before_its_call_so_a_stop_cannot_de
     # Given a job whose lead called a subagent, the child's start not picked up
     # yet (the llm worker does not consume control)
     llm = [workers["llm"].name]
-    client.celery.control.cancel_consumer("control", destination=llm, reply=True)
+    assert client.celery.control.cancel_consumer("control", destination=llm, reply=True)
     try:
         job = client.submit("spawner", "spawn 1")
         call = _pending_call(client, job)
@@ -179,8 +200,8 @@ def test_a_subagent_start_takes_the_root_row_before_its_call_so_a_stop_cannot_de
                 {"id": job.root_id},
             )
             # When the child's start runs meanwhile
-            client.celery.control.add_consumer("control", destination=llm, reply=True)
-            _until(lambda: _lock_waiters(client) >= 1, "the child's start never waited")
+            assert client.celery.control.add_consumer("control", destination=llm, reply=True)
+            _until(lambda: _blocked_by(client, stop) >= 1, "the child's start never waited")
 
             # Then it waits for the root's row without holding the call's
             # (holding it, each would wait for the other: a deadlock)
@@ -197,12 +218,13 @@ def test_a_job_on_a_subagents_conversation_takes_the_root_row_before_its_turn(
     client: Client, workers: Any
 ) -> None:
     # Given a subagent's conversation, idle once its parent's job ended
+    logged = _log_ends(workers)
     parent = client.submit("spawner", "spawn 1")
     parent.result(timeout=30)
     with client.runtime.session() as s:
         child = s.exec(
             select(Conversation.id).where(
-                Conversation.root_id == parent.root_id, Conversation.id != parent.root_id
+                Conversation.root_id == parent.root_id, Conversation.agent == "echo-child"
             )
         ).one()
     with client.runtime.session() as stop:
@@ -213,14 +235,14 @@ def test_a_job_on_a_subagents_conversation_takes_the_root_row_before_its_turn(
         )
         # When a job runs on the subagent's conversation meanwhile
         job = client.submit("quick", "again", conversation_id=child)
-        _until(lambda: _lock_waiters(client) >= 1, "the job's step never waited")
+        _until(lambda: _blocked_by(client, stop) >= 1, "the job's step never waited")
 
         # Then its step waits for the root's row without holding its turn's
         stop.execute(
             text("SELECT id FROM chorus_turn WHERE id = :id FOR UPDATE NOWAIT"), {"id": job.id}
         )
     assert job.result(timeout=30) == "ok: again"
-    assert _deadlocks(workers) == []
+    assert _deadlocks(workers, logged) == []
 
 
 def _pending_call(client: Client, job: Job) -> str:
