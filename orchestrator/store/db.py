@@ -25,6 +25,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 from sqlmodel import Session, create_engine
 
+from orchestrator.settings import Settings
+
 #: A pooled connection older than this is replaced before use.
 RECYCLE_SECONDS = 1800
 #: A connection idle in the pool longer than this is pinged before use.
@@ -44,7 +46,10 @@ class Pool(NamedTuple):
 
 
 #: ``CHORUS_DB_POOL_SIZE`` and ``CHORUS_DB_POOL_OVERFLOW``'s defaults.
-DEFAULT_POOL = Pool(20, 30)
+DEFAULT_POOL = Pool(
+    Settings.model_fields["db_pool_size"].default,
+    Settings.model_fields["db_pool_overflow"].default,
+)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
