@@ -111,6 +111,18 @@ class WorkerProcess:
         )
         return [int(p) for p in out.stdout.split()]
 
+    def log_end(self) -> int:
+        """Where the worker's log ends now."""
+        return self.log_path.stat().st_size
+
+    def deadlocks(self, since: int = 0) -> list[str]:
+        """The lines logged after ``since`` (:meth:`log_end`) that report a
+        deadlock lost."""
+        with self.log_path.open("rb") as log:
+            log.seek(since)
+            lines = log.read().decode(errors="replace").splitlines()
+        return [line for line in lines if "deadlock detected" in line]
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -170,10 +182,5 @@ def workers(settings: Settings, client: Client) -> Iterator[dict[str, WorkerProc
     finally:
         for p in procs.values():
             p.stop()
-    deadlocks = [
-        line
-        for p in procs.values()
-        for line in p.log_path.read_text(errors="replace").splitlines()
-        if "deadlock detected" in line
-    ]
+    deadlocks = [line for p in procs.values() for line in p.deadlocks()]
     assert deadlocks == [], "workers lost deadlocks this session:\n" + "\n".join(deadlocks[:5])

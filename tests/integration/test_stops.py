@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -168,18 +167,13 @@ def test_a_cancel_meeting_steps_that_wait_on_the_job_turn_does_not_deadlock(
 
 def _log_ends(workers: Any) -> dict[str, int]:
     """Where each worker's log ends now."""
-    return {name: Path(w.log_path).stat().st_size for name, w in workers.items()}
+    return {name: w.log_end() for name, w in workers.items()}
 
 
 def _deadlocks(workers: Any, since: dict[str, int]) -> list[str]:
-    """The lines the workers logged after ``since`` (:func:`_log_ends`) that
-    report one. (The ``workers`` fixture checks the whole session's.)"""
-    lines = []
-    for name, worker in workers.items():
-        with Path(worker.log_path).open("rb") as log:
-            log.seek(since[name])
-            lines += log.read().decode(errors="replace").splitlines()
-    return [line for line in lines if "deadlock detected" in line]
+    """The deadlocks the workers logged after ``since`` (:func:`_log_ends`).
+    (The ``workers`` fixture checks the whole session's.)"""
+    return [line for name, w in workers.items() for line in w.deadlocks(since[name])]
 
 
 def test_a_subagent_start_takes_the_root_row_before_its_call_so_a_stop_cannot_deadlock(
