@@ -218,28 +218,48 @@ def _row(index: int, postgres: bool) -> dict[str, ColumnElement[Any]]:
 _REUSED_UP_TO = 32
 
 
-def _insert(count: int, postgres: bool, guard: Update | None = None) -> Insert:
+#: Further writes of a guarded flush (:meth:`Outbox.flush_if`): given the
+#: condition "the guard changed a row", the statements that run, as
+#: data-modifying CTEs, under it. Built once (a module-level or cached
+#: function): it is part of the statement's cache key.
+Riders = Callable[[ColumnElement[bool]], tuple[Insert | Update, ...]]
+
+
+def _insert(
+    count: int, postgres: bool, guard: Update | None = None, riders: Riders | None = None
+) -> Insert:
     """The INSERT of ``count`` events; with ``guard``, a conditional UPDATE
-    run as its data-modifying CTE, storing them only if it changed a row
-    (Postgres, :meth:`Outbox.flush_if`). A reused statement is, on Postgres,
+    run as its data-modifying CTE, storing them (and running ``riders``)
+    only if it changed a row (Postgres, :meth:`Outbox.flush_if`). A
+    reused statement is, on Postgres,
     an ``INSERT … SELECT``: SQLAlchemy compiles it once, where it compiles
     a multi-row VALUES on every run. A larger batch is built for its own
     flush, as a multi-row VALUES: Postgres plans that faster than a long
     UNION ALL."""
     if count <= _REUSED_UP_TO:
-        return _reused_insert(count, postgres, guard)
-    return _build_insert(count, postgres, guard, selected=guard is not None)
+        return _reused_insert(count, postgres, guard, riders)
+    return _build_insert(count, postgres, (guard, riders), selected=guard is not None)
 
 
 @lru_cache(maxsize=128)
-def _reused_insert(count: int, postgres: bool, guard: Update | None) -> Insert:
-    return _build_insert(count, postgres, guard, selected=postgres)
+def _reused_insert(
+    count: int, postgres: bool, guard: Update | None, riders: Riders | None
+) -> Insert:
+    return _build_insert(count, postgres, (guard, riders), selected=postgres)
 
 
-def _build_insert(count: int, postgres: bool, guard: Update | None, selected: bool) -> Insert:
+def _build_insert(
+    count: int,
+    postgres: bool,
+    guarded: tuple[Update | None, Riders | None],
+    selected: bool,
+) -> Insert:
     """``count`` events as a multi-row VALUES (whose ids follow the rows'
     order), or as an ``INSERT … SELECT`` (``selected``, Postgres), each row
-    selected only if ``guard`` (if any) changed a row."""
+    selected only if the guard (if any) changed a row; the riders, if any,
+    are CTEs after the guard's. The guard runs first: the events' SELECTs
+    read it (so it takes its row locks before any rider)."""
+    guard, riders = guarded
     rows = [_row(i, postgres) for i in range(count)]
     if not selected:
         return insert(_TABLE).values(rows).returning(*_RETURNED)
@@ -247,8 +267,12 @@ def _build_insert(count: int, postgres: bool, guard: Update | None, selected: bo
     statement = insert(_TABLE)
     if guard is not None:
         written = guard.returning(literal(1).label("one")).cte("written")
-        selects = [s.where(exists(select(written.c.one))) for s in selects]
-        statement = statement.add_cte(written)
+        has_written = exists(select(written.c.one))
+        selects = [s.where(has_written) for s in selects]
+        rides = riders(has_written) if riders is not None else ()
+        statement = statement.add_cte(
+            written, *(ride.cte(f"ride{i}") for i, ride in enumerate(rides))
+        )
     return statement.from_select(list(rows[0]), union_all(*selects)).returning(*_RETURNED)
 
 
@@ -311,13 +335,18 @@ class Outbox:
         self._numbered(postgres, rows, stored)
 
     def flush_if(
-        self, session: Session, guard: Update, params: Mapping[str, Any] | None = None
+        self,
+        session: Session,
+        guard: Update,
+        params: Mapping[str, Any] | None = None,
+        riders: Riders | None = None,
     ) -> bool:
         """Run ``guard``, a conditional UPDATE, and store the pending events
-        only if it changed a row, in ONE statement (Postgres: a
-        data-modifying CTE): in an autocommit session the change and its
-        events commit together in a single round trip. Returns whether
-        ``guard`` changed a row (if not, the events are dropped).
+        (and run ``riders``' writes) only if it changed a row, in ONE
+        statement (Postgres: data-modifying CTEs): in an autocommit session
+        the change and its events commit together in a single round trip.
+        Returns whether ``guard`` changed a row (if not, the events are
+        dropped).
 
         ``guard`` is meant to be built once (module level) with its values
         as ``bindparam``s, given in ``params``: the statement around it is
@@ -327,7 +356,7 @@ class Outbox:
         rows, values = self._take(postgres=True)
         if params:
             values.update(params)
-        statement = _insert(len(rows), True, guard)
+        statement = _insert(len(rows), True, guard, riders)
         stored = session.connection().execute(statement, values).all()
         if not stored:
             self.numbered -= len(rows)

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from functools import cached_property
 
 import redis
+from sqlalchemy import make_url
 from sqlmodel import Session
 
 from orchestrator.errors import ConfigurationError
@@ -29,6 +30,11 @@ class Runtime:
                 "CHORUS_REDIS_URL is not set; run `chorus local` for the embedded default"
             )
         return redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+
+    @cached_property
+    def postgres(self) -> bool:
+        """Is the database Postgres (whose statements SQLite cannot run)?"""
+        return make_url(self.settings.db_url).get_backend_name() == "postgresql"
 
     @cached_property
     def pool(self) -> Pool:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import bindparam, select, update
 from sqlmodel import Session
 
-from orchestrator.events import Outbox
+from orchestrator.events import ConversationIds, Outbox, TurnIds
 from orchestrator.store.tables import Conversation, Turn, table, utcnow
 from schemas import Budget, EventName, Usage
 
@@ -174,7 +174,12 @@ def record_paid(
 
 
 def record_usage(
-    outbox: Outbox, conv: Conversation, turn: Turn, step: int, usage: Usage, **flags: bool
+    outbox: Outbox,
+    conv: ConversationIds,
+    turn: TurnIds,
+    step: int,
+    usage: Usage,
+    **flags: bool,
 ) -> None:
     """The ``usage`` event of one model call (``flags``: how it was paid for)."""
     outbox.record(

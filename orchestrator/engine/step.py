@@ -46,7 +46,7 @@ from orchestrator.engine.output import (
 )
 from orchestrator.engine.outputs import read_output_tool
 from orchestrator.engine.planning import PLAN_TOOL, plan_tool, update_plan
-from orchestrator.engine.prebuilt import message_params, run
+from orchestrator.engine.prebuilt import filled, message_params, run
 from orchestrator.engine.settle import settle
 from orchestrator.engine.stepstatements import (
     ADD_USAGE,
@@ -54,12 +54,15 @@ from orchestrator.engine.stepstatements import (
     ATTEMPTS,
     LEASED,
     OWNED,
+    STEP_MOVE,
     STORE_CALLS,
     STORE_MESSAGE,
     TAKE_ALONE,
     TAKE_JOINED,
     LeasedConversation,
     LeasedTurn,
+    batch_riders,
+    call_params,
     leased,
     release,
     usage_with_message,
@@ -92,6 +95,7 @@ from schemas import (
     ToolCallBlock,
     ToolSpec,
     TurnStatus,
+    Usage,
 )
 from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
@@ -319,7 +323,8 @@ def _run_step(
     reply = _qualified(reply, names)
     if lease.lost.is_set() or reply.stopped:
         return _left(rt, ids, reply, admitted, lost=lease.lost.is_set())
-    return _persist(rt, ids, owner, reply, (started, began), tools_allowed, admitted)
+    leased = (conv, turn, job, spec)
+    return _persist(rt, ids, owner, reply, (started, began), tools_allowed, admitted, leased)
 
 
 def _carried(admitted: Outbox | None) -> Outbox:
@@ -625,9 +630,14 @@ def _persist(
     clocks: tuple[float, float],
     tools_allowed: bool,
     admitted: Outbox,
+    leased: tuple[LeasedConversation, LeasedTurn, JobRow, AgentSpec],
 ) -> list[Action]:
-    """``clocks``: monotonic times the model call and the step task began."""
+    """``clocks``: monotonic times the model call and the step task began;
+    ``leased``: what the step read as it took the lease, and the spec."""
     conversation_id, turn_id, step = ids
+    conv, turn, job, spec = leased
+    if tools_allowed and _one_statement(rt, spec, reply, (conv, turn, job)):
+        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec), admitted)
     actions = _persist_owned(
         rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed, admitted
     )
@@ -726,32 +736,8 @@ def _add_usage(
     tree totals on that same turn, and a stop locks the root's row, then
     the job's turn."""
     turn, job = turns
-    model_began, step_began = clocks
-    content: list[ContentBlock] = []
-    if reply.thinking:
-        content.append(ThinkingBlock(thinking=reply.thinking))
-    if reply.text:
-        content.append(TextBlock(text=reply.text))
-    content.extend(reply.tool_calls)
     usage = reply.usage
-    message = {
-        "conversation_id": conv.id,
-        "turn_id": turn.id,
-        "step": step,
-        "kind": "assistant",
-        "role": "assistant",
-        "content": [b.model_dump(mode="json") for b in content],
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "cost_usd": usage.cost_usd,
-    }
-    own: dict[str, Any] = {
-        "b_turn": turn.id,
-        "b_steps": step + 1,
-        "b_input": usage.input_tokens,
-        "b_output": usage.output_tokens,
-        "b_cost": usage.cost_usd,
-    }
+    own = _usage_params(turn.id, step, usage)
     combined = job.id == turn.id and conv.id == conv.root_id
     if combined:
         own.update(tree_params(usage, tool_calls))
@@ -760,6 +746,7 @@ def _add_usage(
     # Core: the turn object keeps its loaded usage and totals (nothing
     # reads them after this); its step count is what the turn's end reads.
     # On Postgres the message's INSERT rides on the usage's UPDATE.
+    message = _assistant_message(conv.id, turn.id, step, reply)
     if returns_joined_rows(session):
         session.execute(usage_with_message(combined), {**message_params(message), **own})
     else:
@@ -768,6 +755,60 @@ def _add_usage(
     set_committed_value(turn, "steps", step + 1)
     if not combined:
         roll_up(session, job.id, usage, tool_calls, locked=True)
+    _record_reply(outbox, conv, turn, step, reply, clocks)
+    return {
+        "input_tokens": conv.input_tokens + usage.input_tokens,
+        "output_tokens": conv.output_tokens + usage.output_tokens,
+        "cost_usd": conv.cost_usd + usage.cost_usd,
+    }
+
+
+def _assistant_message(
+    conversation_id: str, turn_id: str, step: int, reply: ModelReply
+) -> dict[str, Any]:
+    """The values of the reply's assistant message row."""
+    content: list[ContentBlock] = []
+    if reply.thinking:
+        content.append(ThinkingBlock(thinking=reply.thinking))
+    if reply.text:
+        content.append(TextBlock(text=reply.text))
+    content.extend(reply.tool_calls)
+    usage = reply.usage
+    return {
+        "conversation_id": conversation_id,
+        "turn_id": turn_id,
+        "step": step,
+        "kind": "assistant",
+        "role": "assistant",
+        "content": [b.model_dump(mode="json") for b in content],
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cost_usd": usage.cost_usd,
+    }
+
+
+def _usage_params(turn_id: str, step: int, usage: Usage) -> dict[str, Any]:
+    """The parameters of the turn's own usage (:data:`ADD_USAGE`)."""
+    return {
+        "b_turn": turn_id,
+        "b_steps": step + 1,
+        "b_input": usage.input_tokens,
+        "b_output": usage.output_tokens,
+        "b_cost": usage.cost_usd,
+    }
+
+
+def _record_reply(
+    outbox: Outbox,
+    conv: ConversationIds,
+    turn: TurnIds,
+    step: int,
+    reply: ModelReply,
+    clocks: tuple[float, float],
+) -> None:
+    """The events of a stored reply: ``llm.completed``, ``usage`` and
+    ``assistant.message``. ``clocks``: when the model call and the step began."""
+    model_began, step_began = clocks
     now = time.monotonic()
     outbox.record(
         EventName.LLM_COMPLETED,
@@ -777,7 +818,7 @@ def _add_usage(
         seconds=round(now - model_began, 4),
         step_seconds=round(now - step_began, 4),
     )
-    record_usage(outbox, conv, turn, step, usage)
+    record_usage(outbox, conv, turn, step, reply.usage)
     outbox.record(
         EventName.ASSISTANT_MESSAGE,
         conv,
@@ -786,11 +827,71 @@ def _add_usage(
         text=reply.text,
         tool_calls=len(reply.tool_calls),
     )
-    return {
-        "input_tokens": conv.input_tokens + usage.input_tokens,
-        "output_tokens": conv.output_tokens + usage.output_tokens,
-        "cost_usd": conv.cost_usd + usage.cost_usd,
+
+
+def _one_statement(
+    rt: Runtime,
+    spec: AgentSpec,
+    reply: ModelReply,
+    lease: tuple[LeasedConversation, LeasedTurn, JobRow],
+) -> bool:
+    """Is the reply a batch of tools to run that :func:`_store_batch` can
+    store? On Postgres, for a job's own turn on its root conversation (no
+    other turn's row to lock first), no tool-call budget to check under
+    the lock, no final answer to validate and no built-in call answered in
+    the step."""
+    conv, turn, job = lease
+    return (
+        rt.postgres
+        and bool(reply.tool_calls)
+        and conv.id == conv.root_id
+        and job.id == turn.id
+        and tool_calls_left(job) is None
+        and final_call(spec, reply.tool_calls) is None
+        and not any(_answered_here(spec, call.tool) for call in reply.tool_calls)
+    )
+
+
+def _store_batch(
+    rt: Runtime,
+    ids: tuple[str, str, int],
+    owner: str,
+    reply: ModelReply,
+    clocks: tuple[float, float],
+    lease: tuple[LeasedConversation, LeasedTurn, AgentSpec],
+    admitted: Outbox,
+) -> list[Action]:
+    """Store a batch of tools to run (:func:`_one_statement`) in one
+    statement committed on its own: the cursor's move to segment 0 and the
+    lease's release if this copy still owns the step (:data:`STEP_MOVE`),
+    and only then the turn's usage and the tree totals, the assistant
+    message, the calls and the events (:func:`batch_riders`). The rows are
+    locked in the one order: the root conversation's, then the job's turn.
+    What :func:`_persist` stores in a transaction, in one round trip."""
+    conversation_id, turn_id, step = ids
+    conv, turn, spec = lease
+    outbox = _carried(admitted)
+    _record_reply(outbox, conv, turn, step, reply, clocks)
+    usage = reply.usage
+    params = {
+        "b_conv": conversation_id,
+        "b_step": step,
+        "b_owner": owner,
+        "b_now": utcnow(),
+        **_usage_params(turn_id, step, usage),
+        **tree_params(usage, len(reply.tool_calls)),
+        **message_params(_assistant_message(conversation_id, turn_id, step, reply)),
     }
+    with rt.autocommit() as session:
+        rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, (None, None))
+        params.update(call_params([filled(ToolCallRow, row) for row in rows]))
+        stored = outbox.flush_if(session, STEP_MOVE, params, batch_riders(len(rows)))
+    if not stored:  # the lease was lost or the cursor moved while the model ran
+        _record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
+        return []
+    rt.publish(outbox)
+    log.info("step %d: model answered with %d tool calls (tools)", step, len(reply.tool_calls))
+    return [RunSegment(conversation_id, turn_id, step, 0, tuple(tasks), conv.priority)]
 
 
 def _record_calls(
@@ -814,6 +915,25 @@ def _record_calls(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
         return None
+    rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, (errors, left))
+    session.execute(STORE_CALLS, rows)
+    return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
+
+
+def _call_rows(
+    session: Session,
+    outbox: Outbox,
+    where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
+    spec: AgentSpec,
+    step: int,
+    reply: ModelReply,
+    checks: tuple[list[str] | None, int | None],
+) -> tuple[list[dict[str, Any]], list[ToolTask]]:
+    """The rows of the reply's tool calls, with their events, and the
+    tasks of segment 0. ``checks``: the final answer's errors and the
+    tool calls the job has left (see :func:`_record_calls`)."""
+    conv, turn = where
+    errors, left = checks
     tasks: list[ToolTask] = []
     handed: list[str] = []  # the batch's handoff target, once one is accepted
     rows: list[dict[str, Any]] = []  # stored with one INSERT (Core: no ORM objects)
@@ -857,7 +977,7 @@ def _record_calls(
         answer = (
             (refused, True)
             if refused is not None
-            else _answer_here(session, outbox, (conv, turn), spec, row, handed)
+            else _answer_here(session, outbox, where, spec, row, handed)
         )
         if answer is not None:
             row["result"], row["is_error"] = answer
@@ -875,14 +995,18 @@ def _record_calls(
         elif segment == 0:
             tasks.append(ToolTask(row["id"], call.tool, queue))
         rows.append(row)
-    session.execute(STORE_CALLS, rows)
-    return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
+    return rows, tasks
+
+
+def _answered_here(spec: AgentSpec, tool: str) -> bool:
+    """Is a call of ``tool`` one the step answers itself (:func:`_answer_here`)?"""
+    return (tool == PLAN_TOOL and spec.planning) or is_handoff_call(tool)
 
 
 def _answer_here(
     session: Session,
     outbox: Outbox,
-    where: tuple[Conversation, Turn],
+    where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
     spec: AgentSpec,
     row: dict[str, Any],
     handed: list[str],
@@ -892,11 +1016,13 @@ def _answer_here(
     Only Chorus's own rows change, with the cursor's move: exactly once.
     ``row``: the call's column values (a transient row is made of them
     for the answering function; :func:`_record_calls` stores them)."""
-    if row["tool"] == PLAN_TOOL and spec.planning:
-        return update_plan(session, outbox, *where, ToolCallRow(**row))
+    if not _answered_here(spec, row["tool"]):
+        return None
     if is_handoff_call(row["tool"]):
         return answer_handoff(ToolCallRow(**row), handed)
-    return None
+    conv, turn = where
+    assert isinstance(conv, Conversation) and isinstance(turn, Turn)  # see _one_statement
+    return update_plan(session, outbox, conv, turn, ToolCallRow(**row))
 
 
 def _nudge(

@@ -12,7 +12,17 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
-from sqlalchemy import Update, bindparam, func, insert, or_, update
+from sqlalchemy import (
+    ColumnElement,
+    Insert,
+    Update,
+    bindparam,
+    func,
+    insert,
+    or_,
+    union_all,
+    update,
+)
 from sqlalchemy import select as select_columns
 from sqlalchemy.orm import aliased
 from sqlmodel import col, select
@@ -20,6 +30,7 @@ from sqlmodel import col, select
 from orchestrator.engine.budget import JOB_ROW_COLUMNS, TREE_TOTALS, JobRow
 from orchestrator.engine.output import FINAL_ANSWER
 from orchestrator.engine.prebuilt import MESSAGE_VALUES
+from orchestrator.events import Riders
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
 from schemas import ConversationState
 
@@ -159,6 +170,75 @@ def usage_with_message(tree: bool) -> Update:
     statement, one round trip."""
     usage = ADD_USAGE_AND_TREE if tree else ADD_USAGE
     return usage.add_cte(_NEW_MESSAGE.cte("stored"))
+
+
+#: A tool call's columns, as parameters ``c<i>_<key>`` of the ``i``-th call of
+#: :func:`batch_riders` (:func:`call_params` fills them).
+_CALL_COLUMNS = tuple(column.key for column in _TOOL_CALLS.c)
+
+
+def call_params(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters of :func:`batch_riders`' calls: ``rows``' values."""
+    return {f"c{i}_{key}": row[key] for i, row in enumerate(rows) for key in _CALL_COLUMNS}
+
+
+#: A step that stores a batch of tools to run, on Postgres
+#: (:func:`~orchestrator.engine.step._store_batch`): the guard of its one
+#: statement. It moves the cursor to the batch's first segment if this
+#: lease's owner still holds the step (the checks of ``_load_owned``),
+#: gives the lease up, counts the move (``version``, progress) and adds the
+#: model call's usage to the conversation's totals.
+STEP_MOVE = (
+    update(_CONVERSATIONS)
+    .where(
+        _CONVERSATIONS.c.id == bindparam("b_conv"),
+        _CONVERSATIONS.c.state == ConversationState.RUNNING.value,
+        _CONVERSATIONS.c.turn_id == bindparam("b_turn"),
+        _CONVERSATIONS.c.cursor_step == bindparam("b_step"),
+        _CONVERSATIONS.c.cursor_segment == -1,
+        _CONVERSATIONS.c.lease_owner == bindparam("b_owner"),
+    )
+    .values(
+        version=_CONVERSATIONS.c.version + 1,
+        cursor_segment=0,
+        lease_owner=None,
+        lease_until=None,
+        redispatches=0,
+        due_at=None,
+        progress_at=bindparam("b_now"),
+        input_tokens=_CONVERSATIONS.c.input_tokens + bindparam("b_input"),
+        output_tokens=_CONVERSATIONS.c.output_tokens + bindparam("b_output"),
+        cost_usd=_CONVERSATIONS.c.cost_usd + bindparam("b_cost"),
+    )
+)
+
+
+@cache
+def batch_riders(calls: int) -> Riders:
+    """The rest of :data:`STEP_MOVE`'s statement, for a batch of ``calls``:
+    the turn's usage and the job's tree totals (a job's own turn on its
+    root: one row), the assistant message and the calls, each written
+    only if the move took (``moved``)."""
+
+    def riders(moved: ColumnElement[bool]) -> tuple[Insert | Update, ...]:
+        message = insert(_MESSAGES).from_select(
+            list(MESSAGE_VALUES), select_columns(*MESSAGE_VALUES.values()).where(moved)
+        )
+        rows = [
+            select_columns(
+                *(
+                    bindparam(f"c{i}_{key}", type_=_TOOL_CALLS.c[key].type).label(key)
+                    for key in _CALL_COLUMNS
+                )
+            ).where(moved)
+            for i in range(calls)
+        ]
+        stored = insert(_TOOL_CALLS).from_select(
+            list(_CALL_COLUMNS), rows[0] if calls == 1 else union_all(*rows)
+        )
+        return ADD_USAGE_AND_TREE.where(moved), message, stored
+
+    return riders
 
 
 @cache
