@@ -72,15 +72,23 @@ def test_a_model_call_silent_longer_than_the_lease_is_made_once(
     assert len(usage) == 1 and not usage[0].data.get("superseded")
 
 
+@pytest.mark.parametrize("late", ["text", "tool calls"])
 def test_a_reply_whose_lease_was_taken_is_not_stored_but_its_usage_counts(
-    short_lease: tuple[Settings, Client],
+    short_lease: tuple[Settings, Client], late: str
 ) -> None:
     _, client = short_lease
     with LoopbackLLM() as server:
-        # Given a slow first call, and an answer for whoever calls next
-        server.enqueue_text("Too late.", delay=10.0, usage=(100, 7))
+        # Given a slow first call (an answer, or a batch of tools to run,
+        # which a step stores in one statement), and an answer for whoever
+        # calls next
+        if late == "text":
+            server.enqueue_text("Too late.", delay=10.0, usage=(100, 7))
+        else:
+            calls = [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]
+            server.enqueue_tool_calls(calls, delay=10.0, usage=(100, 7))
         server.enqueue_text("On time.", usage=(50, 3))
-        job = client.submit(_agent(server), "hi")
+        spec = _agent(server)
+        job = client.submit(spec.model_copy(update={"tools": ("add",)}), "hi")
         deadline = time.monotonic() + 30
         while not server.received:
             assert time.monotonic() < deadline, "the model was never called"
@@ -115,3 +123,8 @@ def test_a_reply_whose_lease_was_taken_is_not_stored_but_its_usage_counts(
         (3, False),
         (7, True),
     ]
+    # and nothing of the late reply was stored: no message, no call, no event
+    assert [m.role for m in client.history(job.conversation_id)] == ["user", "assistant"]
+    events = list(job.events(deltas=False, timeout=5))
+    assert not [e for e in events if e.name is EventName.TOOL_REQUESTED]
+    assert [e.data["text"] for e in events if e.name is EventName.ASSISTANT_MESSAGE] == ["On time."]
