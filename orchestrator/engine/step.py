@@ -829,6 +829,11 @@ def _record_reply(
     )
 
 
+#: The most calls :func:`_store_batch` stores in one statement (about 50
+#: parameters a call with its event); a larger batch is a transaction.
+_ONE_STATEMENT_CALLS = 64
+
+
 def _one_statement(
     rt: Runtime,
     spec: AgentSpec,
@@ -838,12 +843,12 @@ def _one_statement(
     """Is the reply a batch of tools to run that :func:`_store_batch` can
     store? On Postgres, for a job's own turn on its root conversation (no
     other turn's row to lock first), no tool-call budget to check under
-    the lock, no final answer to validate and no built-in call answered in
-    the step."""
+    the lock, no final answer to validate, no built-in call answered in
+    the step, and not too many calls for one statement."""
     conv, turn, job = lease
     return (
         rt.postgres
-        and bool(reply.tool_calls)
+        and 0 < len(reply.tool_calls) <= _ONE_STATEMENT_CALLS
         and conv.id == conv.root_id
         and job.id == turn.id
         and tool_calls_left(job) is None
