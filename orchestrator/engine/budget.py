@@ -54,7 +54,7 @@ JobTotals = Turn | JobRow
 #: The job's root conversation row, locked (:func:`lock_job`). Statements
 #: built once, executed with parameters: no statement building and no
 #: cache-key generation per call.
-_LOCK_JOB = (
+LOCK_JOB = (
     select(_CONVERSATIONS.c.id)
     .where(
         _CONVERSATIONS.c.id
@@ -73,7 +73,7 @@ TREE_TOTALS: dict[str, Any] = {
     "tree_tool_calls": _TURNS.c.tree_tool_calls + bindparam("b_tree_tool_calls"),
 }
 
-_ROLL_UP = update(_TURNS).where(_TURNS.c.id == bindparam("b_job")).values(TREE_TOTALS)
+ROLL_UP = update(_TURNS).where(_TURNS.c.id == bindparam("b_job")).values(TREE_TOTALS)
 
 
 def job_of(session: Session, turn: Turn) -> Turn:
@@ -130,7 +130,7 @@ def lock_job(session: Session, job_id: str) -> None:
     the two the other way round. Taking the root first everywhere the job's
     turn is written keeps one order. (Events no longer lock the root row:
     see ``orchestrator/events.py``.)"""
-    session.execute(_LOCK_JOB, {"b_job": job_id})
+    session.execute(LOCK_JOB, {"b_job": job_id})
 
 
 def tree_params(usage: Usage, tool_calls: int) -> dict[str, Any]:
@@ -155,7 +155,7 @@ def roll_up(
     after a roll-up), and no ORM bookkeeping runs per call."""
     if not locked:
         lock_job(session, job_id)
-    session.execute(_ROLL_UP, {"b_job": job_id, **tree_params(usage, tool_calls)})
+    session.execute(ROLL_UP, {"b_job": job_id, **tree_params(usage, tool_calls)})
 
 
 def record_paid(

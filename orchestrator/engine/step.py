@@ -738,23 +738,26 @@ def _add_usage(
     turn, job = turns
     usage = reply.usage
     own = _usage_params(turn.id, step, usage)
-    combined = job.id == turn.id and conv.id == conv.root_id
-    if combined:
-        own.update(tree_params(usage, tool_calls))
-    if not combined:  # the root's row before any turn's: the one lock order
-        lock_job(session, job.id)
+    own.update(tree_params(usage, tool_calls))
+    jobs_own = job.id == turn.id  # its usage and the tree totals: one update of the row
+    # on its root, the job's turn's writers are ordered by the root's row, locked first
+    combined = jobs_own and conv.id == conv.root_id
     # Core: the turn object keeps its loaded usage and totals (nothing
     # reads them after this); its step count is what the turn's end reads.
-    # On Postgres the message's INSERT rides on the usage's UPDATE.
+    # On Postgres the message's INSERT, and off the root the root's lock
+    # and the roll-up, ride on the usage's UPDATE.
     message = _assistant_message(conv.id, turn.id, step, reply)
     if returns_joined_rows(session):
-        session.execute(usage_with_message(combined), {**message_params(message), **own})
+        statement = usage_with_message(jobs_own, lock=not combined)
+        session.execute(statement, {**message_params(message), **own, "b_job": job.id})
     else:
+        if not combined:  # the root's row before any turn's: the one lock order
+            lock_job(session, job.id)
         session.execute(STORE_MESSAGE, message)
-        session.execute(ADD_USAGE_AND_TREE if combined else ADD_USAGE, own)
+        session.execute(ADD_USAGE_AND_TREE if jobs_own else ADD_USAGE, own)
+        if not jobs_own:
+            roll_up(session, job.id, usage, tool_calls, locked=True)
     set_committed_value(turn, "steps", step + 1)
-    if not combined:
-        roll_up(session, job.id, usage, tool_calls, locked=True)
     _record_reply(outbox, conv, turn, step, reply, clocks)
     return {
         "input_tokens": conv.input_tokens + usage.input_tokens,

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Insert,
     Update,
     bindparam,
+    exists,
     func,
     insert,
     or_,
@@ -27,7 +28,7 @@ from sqlalchemy import select as select_columns
 from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
-from orchestrator.engine.budget import JOB_ROW_COLUMNS, TREE_TOTALS, JobRow
+from orchestrator.engine.budget import JOB_ROW_COLUMNS, LOCK_JOB, ROLL_UP, TREE_TOTALS, JobRow
 from orchestrator.engine.output import FINAL_ANSWER
 from orchestrator.engine.prebuilt import MESSAGE_VALUES
 from orchestrator.events import Riders
@@ -164,12 +165,28 @@ _NEW_MESSAGE = insert(_MESSAGES).values(MESSAGE_VALUES)
 
 
 @cache
-def usage_with_message(tree: bool) -> Update:
+def usage_with_message(tree: bool, lock: bool = False) -> Update:
     """Postgres: :data:`ADD_USAGE` (``tree``: :data:`ADD_USAGE_AND_TREE`) with
     the INSERT of the assistant message (:data:`_NEW_MESSAGE`) as a CTE: one
-    statement, one round trip."""
+    statement, one round trip.
+
+    ``lock``, for a step not on its job's root conversation: the job's root
+    row is locked first (:data:`~orchestrator.engine.budget.LOCK_JOB`, a
+    CTE the update's condition waits on, so it runs before the update
+    touches the turn), and for a turn that is not the job's own (``tree``
+    False) the job's tree totals (:data:`~orchestrator.engine.budget.ROLL_UP`)
+    are a further CTE, run after the update: the root's row, the turn's,
+    then the job's turn, the one lock order, in one statement where there
+    were three."""
     usage = ADD_USAGE_AND_TREE if tree else ADD_USAGE
-    return usage.add_cte(_NEW_MESSAGE.cte("stored"))
+    ctes = [_NEW_MESSAGE.cte("stored")]
+    if lock:
+        locked = LOCK_JOB.cte("locked")
+        held = exists(select_columns(locked.c.id))
+        usage = usage.where(held)
+        if not tree:
+            ctes.append(ROLL_UP.where(held).cte("rolled"))
+    return usage.add_cte(*ctes)
 
 
 #: A tool call's columns, as parameters ``c<i>_<key>`` of the ``i``-th call of
