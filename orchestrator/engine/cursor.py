@@ -118,10 +118,11 @@ def _by_position(keys: tuple[str, ...]) -> Update:
     return update(_CONVERSATION).where(*_AT_POSITION).values(_set(keys))
 
 
-#: A turn's end: its status, output, error and time.
+#: A turn's end: its status, output, error and time (the turn's id is
+#: ``end_turn_id``: beside a move's ``where_id`` in :func:`_ending_by_version`).
 _END_TURN = (
     update(_TURN)
-    .where(_TURN.c.id == bindparam("where_id"))
+    .where(_TURN.c.id == bindparam("end_turn_id"))
     .values(
         {
             key: bindparam(f"set_{key}", type_=_TURN.c[key].type)
@@ -135,6 +136,39 @@ _END_EVENTS = {
     TurnStatus.FAILED: EventName.TURN_FAILED,
     TurnStatus.CANCELLED: EventName.TURN_CANCELLED,
 }
+
+
+@lru_cache(maxsize=64)
+def _ending_by_version(keys: tuple[str, ...]) -> Update:
+    """Postgres: :func:`_by_version`'s move as a CTE, and the turn's end
+    only if it moved (the conversation's row first: the one lock order)."""
+    moved = _by_version(keys).returning(_CONVERSATION.c.id).cte("moved")
+    return _END_TURN.where(exists(select(moved.c.id)))
+
+
+def _move_and_end(
+    session: Session, conv: Conversation, turn: Turn, ended: dict[str, Any], **values: Any
+) -> bool:
+    """:func:`move_cursor` and the turn's ``ended`` columns, in one
+    statement on Postgres; False if another copy moved first."""
+    if session.get_bind().dialect.name != "postgresql":
+        if not move_cursor(session, conv, **values):
+            return False
+        run(session, _END_TURN, {"end_turn_id": turn.id, **_set_params(ended)})
+        return True
+    values = {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
+    params = {
+        "where_id": conv.id,
+        "where_version": conv.version,
+        "end_turn_id": turn.id,
+        **_set_params(values),
+        **_set_params(ended),
+    }
+    if run(session, _ending_by_version(tuple(values)), params).rowcount != 1:
+        return False
+    for key, value in (*values.items(), ("version", conv.version + 1)):
+        set_committed_value(conv, key, value)
+    return True
 
 
 def finish_turn(
@@ -157,22 +191,22 @@ def finish_turn(
     queued message start. ``values`` are further conversation columns to
     set in the same update.
     """
-    if not move_cursor(
-        session,
-        conv,
-        state=ConversationState.IDLE.value,
-        cursor_segment=-1,
-        lease_owner=None,
-        lease_until=None,
+    moved = {
+        "state": ConversationState.IDLE.value,
+        "cursor_segment": -1,
+        "lease_owner": None,
+        "lease_until": None,
         **values,
-    ):
-        return None
+    }
     ended = {"status": status.value, "output": output, "error": error, "finished_at": utcnow()}
     answers = turn.parent_call_id is not None and notify_parent
-    if answers:  # written now, where the answer's flush wrote it: one Core update
-        run(session, _END_TURN, {"where_id": turn.id, **_set_params(ended)})
+    if answers:  # written now, where the answer's flush wrote it: with the move
+        if not _move_and_end(session, conv, turn, ended, **moved):
+            return None
         for key, value in ended.items():
             set_committed_value(turn, key, value)
+    elif not move_cursor(session, conv, **moved):
+        return None
     else:  # written with the transaction's other changes, at its flush
         for key, value in ended.items():
             setattr(turn, key, value)
