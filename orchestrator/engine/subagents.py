@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, exists, select, update
 from sqlmodel import Session
 
 from orchestrator import registry
@@ -88,22 +88,31 @@ def _child_request(parent: AgentSpec, call: CallFields) -> tuple[AgentSpec, str,
 
 
 def _take_child_slot(
-    rt: Runtime, session: Session, parent: CallerConversation, turn: CallerTurn
-) -> None:
-    """Count the child against the depth limit and the job's fan-out limit.
+    rt: Runtime,
+    session: Session,
+    caller: tuple[CallerConversation, CallerTurn],
+    call_id: str,
+) -> bool:
+    """Count the child of call ``call_id`` against the depth limit and the
+    job's fan-out limit; False if the call has its child already (a
+    redelivered copy): no slot is taken.
 
     ``CHORUS_MAX_CHILDREN`` bounds the subagents one job starts (counted on
     the job's turn), not a conversation's lifetime: the next job on the
     same conversation starts again from zero.
     """
+    parent, turn = caller
     if parent.depth + 1 > rt.settings.max_depth:
         raise InvalidRequestError(
             f"subagent depth limit reached ({rt.settings.max_depth} levels below the root)",
             ["depth"],
         )
     job_id = turn.job_id or turn.id  # its root's row: locked by the caller
-    taken = run(session, _TAKE_SLOT, {"where_id": job_id, "max_children": rt.settings.max_children})
+    params = {"where_id": job_id, "max_children": rt.settings.max_children, "call_id": call_id}
+    taken = run(session, _TAKE_SLOT, params)
     if taken.rowcount != 1:
+        if run(session, _CHILD_OF, {"call_id": call_id}).first():
+            return False
         job = session.get(Turn, job_id)
         if job is not None and job.stop_status is not None:
             raise InvalidRequestError("the job is being stopped; no new subagent", ["job"])
@@ -111,6 +120,7 @@ def _take_child_slot(
             f"subagent limit reached ({rt.settings.max_children} children in this job)",
             ["children"],
         )
+    return True
 
 
 def start_child(
@@ -129,10 +139,9 @@ def start_child(
     The child's rows are inserted from their values (no entities: nothing
     reads them in this transaction)."""
     turn, conv, spec = caller
-    if run(session, _CHILD_OF, {"call_id": call.id}).first():
-        return []  # a redelivered copy: the child already exists
     child_spec, task, fork = _child_request(spec, call)
-    _take_child_slot(rt, session, conv, turn)
+    if not _take_child_slot(rt, session, (conv, turn), call.id):
+        return []  # a redelivered copy: the child already exists
     child = ConversationRef(new_id(), conv.root_id)
     child_turn = TurnRef(new_id(), turn.correlation_id)  # the job's, as the parent's
     if fork:  # the copies first (flushed by the insert): the history's order
@@ -228,16 +237,19 @@ _TURNS = table(Turn)
 
 #: The child of a subagent call, if it was started already.
 _CHILD_OF = select(_TURNS.c.id).where(_TURNS.c.parent_call_id == bindparam("call_id"))
+_CHILDREN = _TURNS.alias("child")
 
 #: One more child for the job, within the fan-out limit, unless it is being
 #: stopped (a stop marked since the call was read: no new child, as the
-#: stop could otherwise end the job's turn before this child).
+#: stop could otherwise end the job's turn before this child) or the call
+#: has its child already.
 _TAKE_SLOT = (
     update(_TURNS)
     .where(
         _TURNS.c.id == bindparam("where_id"),
         _TURNS.c.tree_children < bindparam("max_children"),
         _TURNS.c.stop_status.is_(None),
+        ~exists().where(_CHILDREN.c.parent_call_id == bindparam("call_id")),
     )
     .values(tree_children=_TURNS.c.tree_children + 1)
 )

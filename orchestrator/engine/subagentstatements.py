@@ -14,9 +14,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, func, select, true, update
+from sqlalchemy import bindparam, exists, func, select, true, update
 from sqlmodel import Session
 
+from orchestrator.engine.budget import LOCK_JOB, lock_job
 from orchestrator.engine.prebuilt import run, unfinished
 from orchestrator.engine.toolstatements import ClaimedCall
 from orchestrator.store.db import returns_joined_rows
@@ -189,11 +190,29 @@ def read_call(
     )
 
 
-def claim_call(session: Session, call_id: str, task_id: str | None) -> ClaimedCall | None:
-    """Mark the call running, in the session's transaction; None if it has
-    its result already."""
-    params = {"call_id": call_id, "claimed_at": utcnow(), "claiming_task": task_id}
-    row = run(session, _CLAIM, params).first()
+#: The claim, the job's root row locked first (Postgres: a CTE the claim's
+#: condition waits on, so it runs before the claim touches the call).
+_CLAIM_LOCKED = _CLAIM.where(exists(select(LOCK_JOB.cte("locked").c.id)))
+
+
+def claim_call(
+    session: Session, call_id: str, task_id: str | None, job_id: str
+) -> ClaimedCall | None:
+    """Lock the root row of the job ``job_id``
+    (:func:`~orchestrator.engine.budget.lock_job`), then mark the call
+    running, in the session's transaction: one statement on Postgres. None
+    if the call has its result already."""
+    params = {
+        "call_id": call_id,
+        "claimed_at": utcnow(),
+        "claiming_task": task_id,
+        "b_job": job_id,
+    }
+    if returns_joined_rows(session):
+        row = run(session, _CLAIM_LOCKED, params).first()
+    else:
+        lock_job(session, job_id)
+        row = run(session, _CLAIM, params).first()
     return None if row is None else ClaimedCall._make(row)
 
 

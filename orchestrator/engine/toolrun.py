@@ -12,7 +12,6 @@ from sqlmodel import Session
 from orchestrator import registry
 from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
-from orchestrator.engine.budget import lock_job
 from orchestrator.engine.cancel import cancel_watch
 from orchestrator.engine.outputs import READ_TOOL_OUTPUT, archives, read_output
 from orchestrator.engine.subagents import is_subagent_call, start_child
@@ -206,17 +205,11 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         # The job's root row before the call's: the one lock order (a stop
         # ending the caller's turn locks its conversation, then its calls);
         # the child's start takes a slot on the job's turn under this lock.
-        lock_job(session, turn.job_id or turn.id)
-        claimed = _claim_in(session, call_id, task_id)
+        claimed = claim_call(session, call_id, task_id, turn.job_id or turn.id)
         if claimed is None:
             return []  # another copy finished it since the read above
         _bind(claimed, turn, conv)
         return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
-
-
-def _claim_in(session: Session, call_id: str, task_id: str | None) -> ClaimedCall | None:
-    """:func:`_claim` inside a transaction, for a subagent call."""
-    return claim_call(session, call_id, task_id)
 
 
 def _read(rt: Runtime, conv: ConversationFields, call: CallFields, limit: int) -> tuple[str, bool]:
