@@ -1,4 +1,5 @@
-"""``chorus.step``: one model call, persisted with its tool calls in one transaction."""
+"""``chorus.step``: one model call under the step's lease; the reply is
+stored by :mod:`orchestrator.engine.persist`."""
 
 from __future__ import annotations
 
@@ -12,62 +13,40 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import func
-from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, select
 
 from orchestrator import registry, toolsets
-from orchestrator.engine.access import may_call, refusal
-from orchestrator.engine.actions import Action, Revoke, RunSegment, RunStep, ToolTask
+from orchestrator.engine.actions import Action, Revoke, RunStep
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
     JobRow,
     exceeded,
-    lock_job,
-    record_paid,
-    record_usage,
-    roll_up,
     tool_calls_left,
-    tree_params,
 )
 from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
-from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
-from orchestrator.engine.handoffs import answer_handoff, handoff_tool, is_handoff_call
+from orchestrator.engine.cursor import finish_turn
+from orchestrator.engine.handoffs import handoff_tool
 from orchestrator.engine.history import model_prompt
 from orchestrator.engine.lease import heartbeat
 from orchestrator.engine.output import (
-    FINAL_ANSWER,
-    NUDGE,
-    as_output,
     final_answer_tool,
-    final_call,
-    problems,
-    rejection,
 )
 from orchestrator.engine.outputs import read_output_tool
-from orchestrator.engine.planning import PLAN_TOOL, plan_tool, update_plan
-from orchestrator.engine.prebuilt import filled, message_params, run
+from orchestrator.engine.persist import carried, load_owned, persist, record_superseded
+from orchestrator.engine.planning import plan_tool
+from orchestrator.engine.prebuilt import run
 from orchestrator.engine.settle import settle
 from orchestrator.engine.stepstatements import (
-    ADD_USAGE,
-    ADD_USAGE_AND_TREE,
-    ATTEMPTS,
     LEASED,
-    OWNED,
-    STEP_MOVE,
-    STORE_CALLS,
-    STORE_MESSAGE,
     TAKE_ALONE,
     TAKE_JOINED,
     LeasedConversation,
     LeasedTurn,
-    batch_riders,
-    call_params,
     leased,
     release,
-    usage_with_message,
 )
-from orchestrator.engine.subagents import is_subagent_call, subagent_tool
+from orchestrator.engine.subagents import subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import ConversationIds, DeltaBatcher, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
@@ -77,11 +56,7 @@ from orchestrator.ratelimit import RateLimited, admit, record_output, request_to
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import (
-    Conversation,
     EventRow,
-    ToolCallRow,
-    Turn,
-    new_id,
     utcnow,
 )
 from orchestrator.store.values import storable_text
@@ -90,15 +65,10 @@ from schemas import (
     AgentSpec,
     Event,
     EventName,
-    TextBlock,
-    ThinkingBlock,
-    ToolCallBlock,
     ToolSpec,
     TurnStatus,
-    Usage,
 )
-from schemas.content import ContentBlock
-from schemas.specs import SUBAGENT_PREFIX, RetryPolicy
+from schemas.specs import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +131,7 @@ def _past_max_steps(
     """The turn made ``max_steps`` model calls without an answer: it fails."""
     conversation_id, turn_id, step = ids
     with rt.transaction() as (session, outbox):
-        loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+        loaded = load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
         conv, turn, _ = loaded
@@ -324,14 +294,7 @@ def _run_step(
     if lease.lost.is_set() or reply.stopped:
         return _left(rt, ids, reply, admitted, lost=lease.lost.is_set())
     leased = (conv, turn, job, spec)
-    return _persist(rt, ids, owner, reply, (started, began), tools_allowed, admitted, leased)
-
-
-def _carried(admitted: Outbox | None) -> Outbox:
-    """An outbox for the next transaction, holding the events recorded
-    before it (``llm.requested``); a rollback of that transaction leaves
-    ``admitted`` as it was, for the one that follows."""
-    return Outbox(pending=list(admitted.pending) if admitted is not None else [])
+    return persist(rt, ids, owner, reply, (started, began), tools_allowed, admitted, leased)
 
 
 def _left(
@@ -343,11 +306,11 @@ def _left(
     conversation_id, turn_id, step = ids
     if lost:
         log.warning("step %d: another copy took the lease; leaving without persisting", step)
-        _record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
+        record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
     else:
         log.info("step %d: model call stopped: the job was cancelled", step)
         if admitted.pending:
-            with rt.transaction(_carried(admitted)):
+            with rt.transaction(carried(admitted)):
                 pass
     return []
 
@@ -397,7 +360,7 @@ def _defer_owned(
     rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str, wait: float
 ) -> list[Action]:
     with rt.transaction() as (session, _):
-        loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+        loaded = load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
         return [_defer(session, loaded[0], wait)]
@@ -423,7 +386,7 @@ def _fit_context(
     try:
         take_checkpoint(rt, conversation_id)  # False: nothing left to summarize; sent as is
         with rt.transaction() as (session, outbox):
-            loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+            loaded = load_owned(session, conversation_id, turn_id, step, owner)
             if loaded is None:
                 return [], []
             conv, turn, _ = loaded
@@ -440,22 +403,6 @@ def _fit_context(
     return messages, None
 
 
-def _load_owned(
-    session: Session, conversation_id: str, turn_id: str, step: int, owner: str
-) -> tuple[Conversation, Turn, Turn] | None:
-    """The conversation (its row locked), the turn and the job's turn, if
-    ``owner`` holds the lease at ``step``."""
-    # The conversation row first: the one lock order (docs/architecture.md)
-    # that a stop follows too.
-    found = session.execute(OWNED, {"b_conv": conversation_id, "b_turn": turn_id}).first()
-    if found is None:
-        return None
-    conv, turn, job = found
-    if not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
-        return None
-    return conv, turn, job
-
-
 def _model_failed(
     rt: Runtime,
     conversation_id: str,
@@ -468,8 +415,8 @@ def _model_failed(
 ) -> list[Action]:
     """Retry a retryable failure after a backoff (the task ends; a new one
     is sent with a countdown, so no worker slot waits), else fail the turn."""
-    with rt.transaction(_carried(admitted)) as (session, outbox):
-        loaded = _load_owned(session, conversation_id, turn_id, step, owner)
+    with rt.transaction(carried(admitted)) as (session, outbox):
+        loaded = load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
         conv, turn, _ = loaded
@@ -572,530 +519,3 @@ def _qualified(reply: ModelReply, names: dict[str, str]) -> ModelReply:
         for c in reply.tool_calls
     ]
     return replace(reply, tool_calls=calls)
-
-
-def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]:
-    """(segment, parallelizable, queue) per call: a maximal run of
-    parallelizable calls shares a segment, cut every ``max_parallel_tools``
-    calls when the agent sets it; each other call is its own. Only the
-    agent's own tools are looked up: any other call is refused."""
-    out: list[tuple[int, bool, str]] = []
-    segment, prev_parallel, size = -1, False, 0
-    cap = spec.max_parallel_tools
-    for call in reply.tool_calls:
-        parallel, queue = True, "tools"  # a call answered in the step (an error, a built-in)
-        if may_call(spec, call.tool):
-            try:
-                tool = (
-                    subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
-                    if is_subagent_call(call.tool)
-                    else registry.get_tool(call.tool).spec
-                )
-                parallel, queue = tool.parallelizable, tool.queue
-            except (UnknownToolError, UnknownAgentError):
-                pass
-        if not (parallel and prev_parallel) or (cap is not None and size >= cap):
-            segment, size = segment + 1, 0
-        prev_parallel, size = parallel, size + 1
-        out.append((segment, parallel, queue))
-    return out
-
-
-def _verdict(
-    spec: AgentSpec, reply: ModelReply, errors: list[str] | None, tools_allowed: bool
-) -> str:
-    """What this reply does to the turn: ``answer`` (ends it with text),
-    ``structured`` (ends it with a valid final answer), ``nudge`` (text
-    where a final answer is required) or ``tools`` (a batch to run). Once
-    the tool-call budget is spent, whatever the model says is its answer."""
-    if errors == []:
-        return "structured"
-    if not tools_allowed:
-        return "answer"
-    if reply.tool_calls:
-        return "tools"
-    return "nudge" if spec.output_schema is not None else "answer"
-
-
-def _output_attempts(session: Session, turn_id: str) -> int:
-    """Rejected final answers and nudges so far in this turn (one query)."""
-    return int(session.execute(ATTEMPTS, {"b_turn": turn_id}).scalar_one())
-
-
-def _persist(
-    rt: Runtime,
-    ids: tuple[str, str, int],
-    owner: str,
-    reply: ModelReply,
-    clocks: tuple[float, float],
-    tools_allowed: bool,
-    admitted: Outbox,
-    leased: tuple[LeasedConversation, LeasedTurn, JobRow, AgentSpec],
-) -> list[Action]:
-    """``clocks``: monotonic times the model call and the step task began;
-    ``leased``: what the step read as it took the lease, and the spec."""
-    conversation_id, turn_id, step = ids
-    conv, turn, job, spec = leased
-    if tools_allowed and _one_statement(rt, spec, reply, (conv, turn, job)):
-        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec), admitted)
-    actions = _persist_owned(
-        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed, admitted
-    )
-    if actions is None:  # the lease was lost or the cursor moved while the model ran
-        _record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
-        return []
-    return actions
-
-
-def _persist_owned(
-    rt: Runtime,
-    conversation_id: str,
-    turn_id: str,
-    step: int,
-    owner: str,
-    reply: ModelReply,
-    clocks: tuple[float, float],
-    tools_allowed: bool,
-    admitted: Outbox,
-) -> list[Action] | None:
-    """Store the reply if this copy still owns the step; None if it does not."""
-    with rt.transaction(_carried(admitted)) as (session, outbox):
-        loaded = _load_owned(session, conversation_id, turn_id, step, owner)
-        if loaded is None:  # the caller stores llm.requested with the usage
-            outbox.discard()
-            return None
-        conv, turn, job = loaded
-        spec = AgentSpec.model_validate(conv.agent_spec)
-        final = final_call(spec, reply.tool_calls)
-        errors = problems(spec, final.params) if final else None
-        verdict = _verdict(spec, reply, errors, tools_allowed)
-        if (verdict == "nudge" or errors) and _output_attempts(
-            session, turn_id
-        ) >= spec.output_retries:
-            verdict = "give-up"
-        left = tool_calls_left(job)
-        runs = len(reply.tool_calls) if verdict == "tools" else 0
-        runs = runs if left is None else min(runs, left)
-        totals = _add_usage(session, outbox, conv, (turn, job), step, reply, clocks, runs)
-        if verdict == "tools":
-            actions = _record_calls(
-                session, outbox, conv, turn, spec, step, reply, totals, errors, left
-            )
-        elif verdict == "nudge":
-            actions = _nudge(session, conv, turn_id, step, totals)
-        else:
-            actions = _end(session, outbox, conv, turn, spec, verdict, reply, final, errors, totals)
-        if actions is None:  # another copy moved the cursor first
-            outbox.discard()
-            session.rollback()
-            return None
-    log.info(
-        "step %d: model answered with %d tool calls (%s)", step, len(reply.tool_calls), verdict
-    )
-    return actions
-
-
-def _record_superseded(
-    rt: Runtime,
-    conversation_id: str,
-    turn_id: str,
-    step: int,
-    reply: ModelReply,
-    admitted: Outbox | None = None,
-) -> None:
-    """A reply that is not stored was still paid for: add its usage to the
-    job's tree totals and say so in a ``usage`` event (``superseded``)."""
-    with rt.transaction(_carried(admitted)) as (session, outbox):
-        conv = session.get(Conversation, conversation_id)
-        turn = session.get(Turn, turn_id)
-        if conv is None or turn is None:
-            return
-        record_paid(session, outbox, conv, turn, step, reply.usage, superseded=True)
-
-
-def _add_usage(
-    session: Session,
-    outbox: Outbox,
-    conv: Conversation,
-    turns: tuple[Turn, Turn],
-    step: int,
-    reply: ModelReply,
-    clocks: tuple[float, float],
-    tool_calls: int,
-) -> dict[str, Any]:
-    """Store the assistant message and its usage, add the usage and the
-    ``tool_calls`` that run to the job's tree totals; return the
-    conversation's new totals. ``turns``: the turn and its job's turn.
-
-    The turn's own usage and, for a job's own turn on its root
-    conversation, the tree totals are one update of the turn's row: the
-    conversation's row, locked first, is the root's, which orders every
-    writer of the job's turn. Any other step takes the root's row
-    (:func:`~orchestrator.engine.budget.lock_job`) before it writes a turn:
-    a job on a subagent's conversation writes its own turn and then the
-    tree totals on that same turn, and a stop locks the root's row, then
-    the job's turn."""
-    turn, job = turns
-    usage = reply.usage
-    own = _usage_params(turn.id, step, usage)
-    own.update(tree_params(usage, tool_calls))
-    jobs_own = job.id == turn.id  # its usage and the tree totals: one update of the row
-    # on its root, the job's turn's writers are ordered by the root's row, locked first
-    combined = jobs_own and conv.id == conv.root_id
-    # Core: the turn object keeps its loaded usage and totals (nothing
-    # reads them after this); its step count is what the turn's end reads.
-    # On Postgres the message's INSERT, and off the root the root's lock
-    # and the roll-up, ride on the usage's UPDATE.
-    message = _assistant_message(conv.id, turn.id, step, reply)
-    if returns_joined_rows(session):
-        statement = usage_with_message(jobs_own, lock=not combined)
-        session.execute(statement, {**message_params(message), **own, "b_job": job.id})
-    else:
-        if not combined:  # the root's row before any turn's: the one lock order
-            lock_job(session, job.id)
-        session.execute(STORE_MESSAGE, message)
-        session.execute(ADD_USAGE_AND_TREE if jobs_own else ADD_USAGE, own)
-        if not jobs_own:
-            roll_up(session, job.id, usage, tool_calls, locked=True)
-    set_committed_value(turn, "steps", step + 1)
-    _record_reply(outbox, conv, turn, step, reply, clocks)
-    return {
-        "input_tokens": conv.input_tokens + usage.input_tokens,
-        "output_tokens": conv.output_tokens + usage.output_tokens,
-        "cost_usd": conv.cost_usd + usage.cost_usd,
-    }
-
-
-def _assistant_message(
-    conversation_id: str, turn_id: str, step: int, reply: ModelReply
-) -> dict[str, Any]:
-    """The values of the reply's assistant message row."""
-    content: list[ContentBlock] = []
-    if reply.thinking:
-        content.append(ThinkingBlock(thinking=reply.thinking))
-    if reply.text:
-        content.append(TextBlock(text=reply.text))
-    content.extend(reply.tool_calls)
-    usage = reply.usage
-    return {
-        "conversation_id": conversation_id,
-        "turn_id": turn_id,
-        "step": step,
-        "kind": "assistant",
-        "role": "assistant",
-        "content": [b.model_dump(mode="json") for b in content],
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "cost_usd": usage.cost_usd,
-    }
-
-
-def _usage_params(turn_id: str, step: int, usage: Usage) -> dict[str, Any]:
-    """The parameters of the turn's own usage (:data:`ADD_USAGE`)."""
-    return {
-        "b_turn": turn_id,
-        "b_steps": step + 1,
-        "b_input": usage.input_tokens,
-        "b_output": usage.output_tokens,
-        "b_cost": usage.cost_usd,
-    }
-
-
-def _record_reply(
-    outbox: Outbox,
-    conv: ConversationIds,
-    turn: TurnIds,
-    step: int,
-    reply: ModelReply,
-    clocks: tuple[float, float],
-) -> None:
-    """The events of a stored reply: ``llm.completed``, ``usage`` and
-    ``assistant.message``. ``clocks``: when the model call and the step began."""
-    model_began, step_began = clocks
-    now = time.monotonic()
-    outbox.record(
-        EventName.LLM_COMPLETED,
-        conv,
-        turn,
-        step,
-        seconds=round(now - model_began, 4),
-        step_seconds=round(now - step_began, 4),
-    )
-    record_usage(outbox, conv, turn, step, reply.usage)
-    outbox.record(
-        EventName.ASSISTANT_MESSAGE,
-        conv,
-        turn,
-        step,
-        text=reply.text,
-        tool_calls=len(reply.tool_calls),
-    )
-
-
-#: The most calls :func:`_store_batch` stores in one statement (about 50
-#: parameters a call with its event); a larger batch is a transaction.
-_ONE_STATEMENT_CALLS = 64
-
-
-def _one_statement(
-    rt: Runtime,
-    spec: AgentSpec,
-    reply: ModelReply,
-    lease: tuple[LeasedConversation, LeasedTurn, JobRow],
-) -> bool:
-    """Is the reply a batch of tools to run that :func:`_store_batch` can
-    store? On Postgres, for a job's own turn on its root conversation (no
-    other turn's row to lock first), no tool-call budget to check under
-    the lock, no final answer to validate, no built-in call answered in
-    the step, and not too many calls for one statement."""
-    conv, turn, job = lease
-    return (
-        rt.postgres
-        and 0 < len(reply.tool_calls) <= _ONE_STATEMENT_CALLS
-        and conv.id == conv.root_id
-        and job.id == turn.id
-        and tool_calls_left(job) is None
-        and final_call(spec, reply.tool_calls) is None
-        and not any(_answered_here(spec, call.tool) for call in reply.tool_calls)
-    )
-
-
-def _store_batch(
-    rt: Runtime,
-    ids: tuple[str, str, int],
-    owner: str,
-    reply: ModelReply,
-    clocks: tuple[float, float],
-    lease: tuple[LeasedConversation, LeasedTurn, AgentSpec],
-    admitted: Outbox,
-) -> list[Action]:
-    """Store a batch of tools to run (:func:`_one_statement`) in one
-    statement committed on its own: the cursor's move to segment 0 and the
-    lease's release if this copy still owns the step (:data:`STEP_MOVE`),
-    and only then the turn's usage and the tree totals, the assistant
-    message, the calls and the events (:func:`batch_riders`). The rows are
-    locked in the one order: the root conversation's, then the job's turn.
-    What :func:`_persist` stores in a transaction, in one round trip."""
-    conversation_id, turn_id, step = ids
-    conv, turn, spec = lease
-    outbox = _carried(admitted)
-    _record_reply(outbox, conv, turn, step, reply, clocks)
-    usage = reply.usage
-    params = {
-        "b_conv": conversation_id,
-        "b_step": step,
-        "b_owner": owner,
-        "b_now": utcnow(),
-        **_usage_params(turn_id, step, usage),
-        **tree_params(usage, len(reply.tool_calls)),
-        **message_params(_assistant_message(conversation_id, turn_id, step, reply)),
-    }
-    with rt.autocommit() as session:
-        rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, (None, None))
-        params.update(call_params([filled(ToolCallRow, row) for row in rows]))
-        stored = outbox.flush_if(session, STEP_MOVE, params, batch_riders(len(rows)))
-    if not stored:  # the lease was lost or the cursor moved while the model ran
-        _record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
-        return []
-    rt.publish(outbox)
-    log.info("step %d: model answered with %d tool calls (tools)", step, len(reply.tool_calls))
-    return [RunSegment(conversation_id, turn_id, step, 0, tuple(tasks), conv.priority)]
-
-
-def _record_calls(
-    session: Session,
-    outbox: Outbox,
-    conv: Conversation,
-    turn: Turn,
-    spec: AgentSpec,
-    step: int,
-    reply: ModelReply,
-    totals: dict[str, Any],
-    errors: list[str] | None,
-    left: int | None,
-) -> list[Action] | None:
-    """Store the tool calls, segment by segment, and return segment 0 to run.
-    A rejected final answer, a call to a tool the agent was not given, or a
-    call past the job's tool-call budget (``left``), is stored with its
-    error result and not run; a plan or handoff call is answered here
-    (:func:`_answer_here`)."""
-    if not move_cursor(
-        session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
-    ):
-        return None
-    rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, (errors, left))
-    session.execute(STORE_CALLS, rows)
-    return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
-
-
-def _call_rows(
-    session: Session,
-    outbox: Outbox,
-    where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
-    spec: AgentSpec,
-    step: int,
-    reply: ModelReply,
-    checks: tuple[list[str] | None, int | None],
-) -> tuple[list[dict[str, Any]], list[ToolTask]]:
-    """The rows of the reply's tool calls, with their events, and the
-    tasks of segment 0. ``checks``: the final answer's errors and the
-    tool calls the job has left (see :func:`_record_calls`)."""
-    conv, turn = where
-    errors, left = checks
-    tasks: list[ToolTask] = []
-    handed: list[str] = []  # the batch's handoff target, once one is accepted
-    rows: list[dict[str, Any]] = []  # stored with one INSERT (Core: no ORM objects)
-    for position, (call, (segment, parallel, queue)) in enumerate(
-        zip(reply.tool_calls, _segments(spec, reply), strict=True)
-    ):
-        row: dict[str, Any] = {
-            "id": new_id(),
-            "conversation_id": conv.id,
-            "turn_id": turn.id,
-            "step": step,
-            "position": position,
-            "segment": segment,
-            "tool_request_id": call.tool_request_id,
-            "tool": call.tool,
-            "params": call.params,
-            "parallelizable": parallel,
-            "queue": queue,
-            "status": "pending",
-            "result": None,  # JSON null, as the ORM stored it
-            "is_error": False,
-            "finished_at": None,
-        }
-        refused = refusal(spec, call.tool)
-        if call.tool == FINAL_ANSWER and errors is not None:
-            refused = rejection(errors)
-        elif refused is None and left is not None and position >= left:
-            refused = f"Error: not run: {NO_MORE_TOOLS}"
-        outbox.record(
-            EventName.SUBAGENT_REQUESTED
-            if is_subagent_call(call.tool)
-            else EventName.TOOL_REQUESTED,
-            conv,
-            turn,
-            step,
-            tool=call.tool,
-            tool_request_id=call.tool_request_id,
-            params=call.params,
-            segment=segment,
-        )
-        answer = (
-            (refused, True)
-            if refused is not None
-            else _answer_here(session, outbox, where, spec, row, handed)
-        )
-        if answer is not None:
-            row["result"], row["is_error"] = answer
-            row["status"] = "failed" if row["is_error"] else "completed"
-            row["finished_at"] = utcnow()
-            outbox.record(
-                EventName.TOOL_FAILED if row["is_error"] else EventName.TOOL_COMPLETED,
-                conv,
-                turn,
-                step,
-                tool=call.tool,
-                tool_request_id=call.tool_request_id,
-                result=row["result"],
-            )
-        elif segment == 0:
-            tasks.append(ToolTask(row["id"], call.tool, queue))
-        rows.append(row)
-    return rows, tasks
-
-
-def _answered_here(spec: AgentSpec, tool: str) -> bool:
-    """Is a call of ``tool`` one the step answers itself (:func:`_answer_here`)?"""
-    return (tool == PLAN_TOOL and spec.planning) or is_handoff_call(tool)
-
-
-def _answer_here(
-    session: Session,
-    outbox: Outbox,
-    where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
-    spec: AgentSpec,
-    row: dict[str, Any],
-    handed: list[str],
-) -> tuple[Any, bool] | None:
-    """The result of a built-in call the step answers itself, in its own
-    transaction (a plan update, a handoff), or None for a call to run.
-    Only Chorus's own rows change, with the cursor's move: exactly once.
-    ``row``: the call's column values (a transient row is made of them
-    for the answering function; :func:`_record_calls` stores them)."""
-    if not _answered_here(spec, row["tool"]):
-        return None
-    if is_handoff_call(row["tool"]):
-        return answer_handoff(ToolCallRow(**row), handed)
-    conv, turn = where
-    assert isinstance(conv, Conversation) and isinstance(turn, Turn)  # see _one_statement
-    return update_plan(session, outbox, conv, turn, ToolCallRow(**row))
-
-
-def _nudge(
-    session: Session, conv: Conversation, turn_id: str, step: int, totals: dict[str, Any]
-) -> list[Action] | None:
-    """A text answer where a final answer is required: ask again."""
-    if not move_cursor(
-        session,
-        conv,
-        cursor_step=step + 1,
-        cursor_segment=-1,
-        lease_owner=None,
-        lease_until=None,
-        **totals,
-    ):
-        return None
-    session.execute(
-        STORE_MESSAGE,
-        {
-            "conversation_id": conv.id,
-            "turn_id": turn_id,
-            "step": step,
-            "kind": "nudge",
-            "role": "user",
-            "content": [TextBlock(text=NUDGE).model_dump()],
-        },
-    )
-    return [RunStep(conv.id, turn_id, step + 1, conv.priority)]
-
-
-def _end(
-    session: Session,
-    outbox: Outbox,
-    conv: Conversation,
-    turn: Turn,
-    spec: AgentSpec,
-    verdict: str,
-    reply: ModelReply,
-    final: ToolCallBlock | None,
-    errors: list[str] | None,
-    totals: dict[str, Any],
-) -> list[Action] | None:
-    if verdict == "structured":
-        assert final is not None
-        turn.structured = final.params
-        return finish_turn(
-            session,
-            outbox,
-            conv,
-            turn,
-            TurnStatus.COMPLETED,
-            output=as_output(final.params),
-            **totals,
-        )
-    if verdict == "give-up":
-        reason = rejection(errors) if errors else "no final_answer call"
-        return finish_turn(
-            session,
-            outbox,
-            conv,
-            turn,
-            TurnStatus.FAILED,
-            error=f"no valid structured output after {spec.output_retries + 1} attempts: {reason}",
-            **totals,
-        )
-    return finish_turn(
-        session, outbox, conv, turn, TurnStatus.COMPLETED, output=reply.text, **totals
-    )

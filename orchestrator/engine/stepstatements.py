@@ -64,15 +64,21 @@ class LeasedTurn(NamedTuple):
     context_data: dict[str, Any]
 
 
+#: The conversation ``b_conv`` runs its turn ``b_turn`` and its cursor is at
+#: the model call of step ``b_step``.
+_AT_STEP = (
+    _CONVERSATIONS.c.id == bindparam("b_conv"),
+    _CONVERSATIONS.c.state == ConversationState.RUNNING.value,
+    _CONVERSATIONS.c.turn_id == bindparam("b_turn"),
+    _CONVERSATIONS.c.cursor_step == bindparam("b_step"),
+    _CONVERSATIONS.c.cursor_segment == -1,
+)
+
 #: The model-call lease (:func:`~orchestrator.engine.step._take_lease`).
 _TAKE = (
     update(_CONVERSATIONS)
     .where(
-        _CONVERSATIONS.c.id == bindparam("b_conv"),
-        _CONVERSATIONS.c.state == ConversationState.RUNNING.value,
-        _CONVERSATIONS.c.turn_id == bindparam("b_turn"),
-        _CONVERSATIONS.c.cursor_step == bindparam("b_step"),
-        _CONVERSATIONS.c.cursor_segment == -1,
+        *_AT_STEP,
         or_(
             _CONVERSATIONS.c.lease_until.is_(None),
             _CONVERSATIONS.c.lease_until < bindparam("b_now"),
@@ -120,7 +126,7 @@ def leased(row: Sequence[Any]) -> tuple[LeasedConversation, LeasedTurn, JobRow]:
 
 
 #: The conversation, the turn and the job's turn, the conversation's row
-#: locked (:func:`~orchestrator.engine.step._load_owned`).
+#: locked (:func:`~orchestrator.engine.persist.load_owned`).
 OWNED = (
     select(Conversation, Turn, _JOB)
     .where(
@@ -134,7 +140,7 @@ OWNED = (
 )
 
 #: Rejected final answers plus nudges so far in a turn
-#: (:func:`~orchestrator.engine.step._output_attempts`).
+#: (:func:`~orchestrator.engine.persist._output_attempts`).
 ATTEMPTS = select_columns(
     select_columns(func.count())
     .select_from(_TOOL_CALLS)
@@ -149,7 +155,7 @@ ATTEMPTS = select_columns(
 STORE_MESSAGE = insert(_MESSAGES)
 STORE_CALLS = insert(_TOOL_CALLS)
 
-#: The turn's own usage of one model call (:func:`~orchestrator.engine.step._add_usage`).
+#: The turn's own usage of one model call (:func:`~orchestrator.engine.persist._add_usage`).
 _OWN_USAGE: dict[str, Any] = {
     "steps": bindparam("b_steps"),
     "input_tokens": _TURNS.c.input_tokens + bindparam("b_input"),
@@ -200,21 +206,14 @@ def call_params(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 #: A step that stores a batch of tools to run, on Postgres
-#: (:func:`~orchestrator.engine.step._store_batch`): the guard of its one
+#: (:func:`~orchestrator.engine.persist._store_batch`): the guard of its one
 #: statement. It moves the cursor to the batch's first segment if this
-#: lease's owner still holds the step (the checks of ``_load_owned``),
+#: lease's owner still holds the step (the checks of ``persist.load_owned``),
 #: gives the lease up, counts the move (``version``, progress) and adds the
 #: model call's usage to the conversation's totals.
 STEP_MOVE = (
     update(_CONVERSATIONS)
-    .where(
-        _CONVERSATIONS.c.id == bindparam("b_conv"),
-        _CONVERSATIONS.c.state == ConversationState.RUNNING.value,
-        _CONVERSATIONS.c.turn_id == bindparam("b_turn"),
-        _CONVERSATIONS.c.cursor_step == bindparam("b_step"),
-        _CONVERSATIONS.c.cursor_segment == -1,
-        _CONVERSATIONS.c.lease_owner == bindparam("b_owner"),
-    )
+    .where(*_AT_STEP, _CONVERSATIONS.c.lease_owner == bindparam("b_owner"))
     .values(
         version=_CONVERSATIONS.c.version + 1,
         cursor_segment=0,
