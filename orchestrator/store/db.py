@@ -148,30 +148,10 @@ def _engine(url: str, pool: Pool) -> Engine:
         pool_use_lifo=True,
         pool_size=pool.size,
         max_overflow=pool.overflow,
-        isolation_level="AUTOCOMMIT",
     )
     event.listen(engine.pool, "checkin", _checked_in)
     event.listen(engine.pool, "checkout", _ping_if_idle)
-    event.listen(engine, "begin", _postgres_begin)
     return engine
-
-
-#: The execution option of :func:`autocommit_engine`'s connections.
-AUTOCOMMIT = "chorus_autocommit"
-
-
-def _postgres_begin(conn: Any) -> None:
-    """Begin a transaction, unless the connection is :func:`autocommit_engine`'s.
-
-    Every pooled connection is in psycopg's autocommit mode, set once when
-    it connects, and a transaction begins with an explicit ``BEGIN`` (where
-    psycopg would send its own before the first statement: the same round
-    trip). Switching a connection's isolation level at each checkout and
-    back at each return, for the statements that commit on their own, cost
-    about 50 µs of CPU per session."""
-    if conn.get_execution_options().get(AUTOCOMMIT):
-        return
-    conn.exec_driver_sql("BEGIN")
 
 
 def autocommit_engine(url: str, pool: Pool = DEFAULT_POOL) -> Engine:
@@ -182,10 +162,7 @@ def autocommit_engine(url: str, pool: Pool = DEFAULT_POOL) -> Engine:
 
 @lru_cache(maxsize=8)
 def _autocommit_engine(url: str, pool: Pool) -> Engine:
-    engine = _engine(url, pool)
-    if url.startswith("sqlite"):
-        return engine.execution_options(isolation_level="AUTOCOMMIT")
-    return engine.execution_options(**{AUTOCOMMIT: True})  # see _postgres_begin
+    return _engine(url, pool).execution_options(isolation_level="AUTOCOMMIT")
 
 
 def returns_joined_rows(session: Session) -> bool:

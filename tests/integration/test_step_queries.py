@@ -3,10 +3,11 @@
 A Celery worker with a threads pool runs in this process (as ``chorus
 local`` does, on its own Redis prefix so no other worker takes its tasks),
 sharing this process's engine; listeners on that engine count, per task,
-the statements it executes, the transactions it began, and
-the round trips these cost: one per statement, one for a transaction's
-``BEGIN``, one for its ``COMMIT`` or ``ROLLBACK``, and one per ping of a
-connection that sat idle in the pool. A statement run in autocommit mode is its own transaction
+the statements it executes, the transactions that ran at least one, and
+the round trips these cost: one per statement, one for the ``BEGIN``
+psycopg sends before a transaction's first statement, one for its
+``COMMIT`` or ``ROLLBACK``, and one per ping of a connection that sat idle
+in the pool. A statement run in autocommit mode is its own transaction
 without ``BEGIN``/``COMMIT``: it counts as one round trip, and a write
 among them as a commit (``commits`` = transactions + such writes).
 """
@@ -26,7 +27,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from orchestrator import Client, Settings
-from orchestrator.store.db import AUTOCOMMIT, PING_AFTER_IDLE, get_engine
+from orchestrator.store.db import PING_AFTER_IDLE, get_engine
 from tests.fleet import in_process_worker
 
 pytestmark = pytest.mark.integration
@@ -86,19 +87,24 @@ class Meter:
         cost = self.current()
         if cost is None:
             return
-        if sql == "BEGIN":  # a transaction begins (store.db sends it)
+        if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
+            # its own transaction, without BEGIN or COMMIT round trips
+            cost.statements += 1
+            cost.round_trips += 1
+            if not sql.lstrip().upper().startswith("SELECT"):
+                cost.commits += 1
+            return
+        if self.open.get(id(conn)) is False:  # psycopg sends BEGIN before the first
             self.open[id(conn)] = True
             cost.transactions += 1
             cost.commits += 1
             cost.round_trips += 1
-            return
         cost.statements += 1
         cost.round_trips += 1
-        # a write in autocommit mode: its own transaction, without BEGIN or COMMIT
-        if conn.get_execution_options().get(AUTOCOMMIT) and not sql.lstrip().upper().startswith(
-            "SELECT"
-        ):
-            cost.commits += 1
+
+    def begin(self, conn: Connection) -> None:
+        if self.current() is not None:
+            self.open[id(conn)] = False
 
     def end(self, conn: Connection) -> None:
         cost = self.current()
@@ -121,6 +127,7 @@ def meter(settings: Settings) -> Iterator[tuple[Settings, Meter]]:
     meter = Meter()
     hooks: list[tuple[Any, str, Any]] = [
         (engine, "before_cursor_execute", meter.statement),
+        (engine, "begin", meter.begin),
         (engine, "commit", meter.end),
         (engine, "rollback", meter.end),
     ]

@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlmodel import select
 
 from orchestrator import Client
-from orchestrator.store.tables import EventRow, ToolCallRow
+from orchestrator.store.tables import EventRow, ToolCallRow, Turn
 from schemas import EventName
 from tests.conftest import tool_calls
 
@@ -106,3 +106,29 @@ def test_a_copy_that_read_the_call_unfinished_cannot_reopen_it(
     call = tool_calls(client, job.id)[1]
     assert (call.status, call.result, call.attempts) == ("completed", "first", 1)
     assert _ended(client, job.root_id, slow.tool_request_id) == []  # none from the copy
+
+
+def test_a_copy_of_a_subagent_start_whose_child_runs_starts_no_second_child(
+    client: Client, workers: Any
+) -> None:
+    # Given a lead whose subagent call has started its child, still running
+    job = client.submit("busy-lead", "go")
+    call = _wait_call(client, job.id, 1, "running")
+    assert call.tool == "subagent__sleepy-child"
+
+    # When a copy of the call's task is delivered again, as Redis would
+    client.celery.send_task(
+        "chorus.tool", args=(call.id,), kwargs={"subagent": True}, queue="tools"
+    )
+    deadline = time.monotonic() + 30
+    while tool_calls(client, job.id)[1].attempts < 2:  # the copy claimed it, and went on
+        assert time.monotonic() < deadline, "the copy never ran"
+        time.sleep(0.05)
+
+    # Then the turn ends as usual, with one child and one slot taken for it
+    assert "child" in job.result(timeout=60)
+    with client.runtime.session() as s:
+        children = s.exec(select(Turn.id).where(Turn.parent_call_id == call.id)).all()
+        taken = s.exec(select(Turn.tree_children).where(Turn.id == job.id)).one()
+    assert len(children) == 1
+    assert taken == 1
