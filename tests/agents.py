@@ -244,6 +244,16 @@ register_script(
 )
 Agent("fanout", scripted_model("fanout"), subagents=["echo-child"])
 
+SMALL_FANOUT = 20  # tests/integration/test_step_queries.py counts its statements
+register_script(
+    "small-fanout",
+    [
+        Reply.call(*(call("subagent__echo-child", task=f"t{i}") for i in range(SMALL_FANOUT))),
+        lambda ms: Reply.say(f"children={len(tool_results(ms))}"),
+    ],
+)
+Agent("small-fanout", scripted_model("small-fanout"), subagents=["echo-child"])
+
 register_script(
     "diver",
     [

@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection
 
 from orchestrator import Client, Settings
 from orchestrator.store.db import PING_AFTER_IDLE, get_engine
+from tests.agents import SMALL_FANOUT
 from tests.fleet import in_process_worker
 
 pytestmark = pytest.mark.integration
@@ -43,6 +44,9 @@ TARGET_ROUND_TRIPS = 30
 #: its claim before running and its result after (single autocommit
 #: statements, the result with its events in one), the advance the cursor.
 MAX_COMMITS = 11
+#: Round trips per child of a fan-out (its start, its step, its answer and
+#: its share of the parent's steps and advances): 16 when this was written.
+MAX_ROUND_TRIPS_PER_CHILD = 20
 
 
 @dataclass
@@ -120,8 +124,10 @@ class Meter:
             cost.round_trips += 1  # a connection idle a while is pinged
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def meter(settings: Settings) -> Iterator[tuple[Settings, Meter]]:
+    """The in-process worker and its meter, shared by the module's tests (a
+    process registers Chorus's tasks once); each test clears the costs."""
     own = settings.model_copy(update={"redis_prefix": f"chorus-queries-{uuid.uuid4().hex[:8]}"})
     engine = get_engine(own.db_url)
     meter = Meter()
@@ -208,3 +214,35 @@ def test_a_four_tool_step_costs_few_transactions_and_round_trips(
     assert figures["transactions"] <= TARGET_TRANSACTIONS
     assert figures["round trips"] <= TARGET_ROUND_TRIPS
     assert figures["commits"] <= MAX_COMMITS
+
+
+def test_a_fan_out_costs_few_round_trips_per_child(meter: tuple[Settings, Meter]) -> None:
+    settings, counted = meter
+    client = Client(settings)
+    try:
+        client.submit("small-fanout", "go").result(timeout=60)  # warms the worker; not counted
+        time.sleep(1.0)  # the warm-up's late tasks (an advance that finds nothing)
+        counted.costs.clear()
+        job = client.submit("small-fanout", "go")
+        assert job.result(timeout=60) == f"children={SMALL_FANOUT}"
+        time.sleep(0.5)  # an advance sent by a late child, after the result
+    finally:
+        client.close()
+    total = Cost("fan-out", ())
+    tasks: dict[str, list[Cost]] = {}
+    for cost in counted.costs:
+        total.add(cost)
+        tasks.setdefault(cost.task, []).append(cost)
+    print(f"\nPostgres per child of a {SMALL_FANOUT}-child fan-out (the parent's steps included):")
+    for name in ("transactions", "commits", "statements", "round_trips"):
+        print(f"  {name.replace('_', ' '):>12}: {getattr(total, name) / SMALL_FANOUT:.1f}")
+    print("per task (mean):")
+    for name, costs in sorted(tasks.items()):
+        n = len(costs)
+        print(
+            f"  {name:>15} x{n:<3} transactions {sum(c.transactions for c in costs) / n:.2f}  "
+            f"statements {sum(c.statements for c in costs) / n:.2f}  "
+            f"round trips {sum(c.round_trips for c in costs) / n:.2f}"
+        )
+    assert total.statements > 0, "no statement was counted: the meter listens elsewhere"
+    assert total.round_trips / SMALL_FANOUT <= MAX_ROUND_TRIPS_PER_CHILD
