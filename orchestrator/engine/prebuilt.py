@@ -23,6 +23,7 @@ from sqlalchemy import (
     bindparam,
     insert,
     literal,
+    select,
 )
 from sqlmodel import Session, SQLModel
 
@@ -83,6 +84,35 @@ def insert_new(session: Session, *rows: NewRow) -> None:
         return
     for (model, _), row in zip(rows, full, strict=True):
         run(session, _insert(model), row)
+
+
+@cache
+def _new_row_values(model: type[SQLModel]) -> dict[str, Any]:
+    """A new row's columns, as parameters ``<table>_<key>`` (all but an
+    autoincrement key): :func:`new_row_params` fills them."""
+    found = table(model)
+    return {
+        column.key: bindparam(f"{found.name}_{column.key}", type_=column.type)
+        for column in found.c
+        if column is not found.autoincrement_column
+    }
+
+
+def new_rows_if(model: type[SQLModel], condition: ColumnElement[bool]) -> Insert:
+    """The INSERT of one row of ``model`` from :func:`new_row_params`' values,
+    only if ``condition``: a data-modifying CTE of a larger statement."""
+    values = _new_row_values(model)
+    return insert(table(model)).from_select(list(values), select(*values.values()).where(condition))
+
+
+def new_row_params(rows: tuple[NewRow, ...]) -> dict[str, Any]:
+    """The parameters of :func:`new_rows_if` for ``rows`` (one per model):
+    the values given and each other column's default (see :func:`insert_new`)."""
+    params: dict[str, Any] = {}
+    for model, values in rows:
+        name = table(model).name
+        params.update({f"{name}_{key}": value for key, value in filled(model, values).items()})
+    return params
 
 
 #: Per row, its model and its columns, each with the name of its parameter.

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, exists, select, update
+from sqlalchemy import ColumnElement, Insert, bindparam, exists, select, update
 from sqlmodel import Session
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
 from orchestrator.engine.history import copy_messages
-from orchestrator.engine.prebuilt import insert_new, run
+from orchestrator.engine.prebuilt import insert_new, new_row_params, new_rows_if, run
 from orchestrator.engine.subagentstatements import (
     CallerConversation,
     CallerTurn,
@@ -30,6 +30,7 @@ from orchestrator.engine.toolstatements import CallFields
 from orchestrator.errors import InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
+from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
 from schemas import AgentSpec, ConversationState, EventName, TextBlock, ToolSpec, TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
@@ -87,40 +88,56 @@ def _child_request(parent: AgentSpec, call: CallFields) -> tuple[AgentSpec, str,
     return child, task, fork
 
 
-def _take_child_slot(
-    rt: Runtime,
-    session: Session,
-    caller: tuple[CallerConversation, CallerTurn],
-    call_id: str,
-) -> bool:
-    """Count the child of call ``call_id`` against the depth limit and the
-    job's fan-out limit; False if the call has its child already (a
-    redelivered copy): no slot is taken.
-
-    ``CHORUS_MAX_CHILDREN`` bounds the subagents one job starts (counted on
-    the job's turn), not a conversation's lifetime: the next job on the
-    same conversation starts again from zero.
-    """
-    parent, turn = caller
+def _check_depth(rt: Runtime, parent: CallerConversation) -> None:
     if parent.depth + 1 > rt.settings.max_depth:
         raise InvalidRequestError(
             f"subagent depth limit reached ({rt.settings.max_depth} levels below the root)",
             ["depth"],
         )
-    job_id = turn.job_id or turn.id  # its root's row: locked by the caller
+
+
+def _insert_child(
+    rt: Runtime,
+    session: Session,
+    outbox: Outbox,
+    job_id: str,
+    child: tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]],
+) -> bool:
+    """Count the child of call ``call_id`` (the first of ``child``) against
+    the job's fan-out limit and, if it took a slot, insert its conversation,
+    turn and first message (the rest of ``child``) and store the outbox's
+    events: on Postgres one statement (the slot's update first: the job's
+    turn is locked before any new row). False if the call has its child
+    already (a redelivered copy): nothing is written.
+
+    ``CHORUS_MAX_CHILDREN`` bounds the subagents one job starts (counted on
+    the job's turn), not a conversation's lifetime: the next job on the
+    same conversation starts again from zero.
+    """
+    call_id, conversation, first_turn, message = child
     params = {"where_id": job_id, "max_children": rt.settings.max_children, "call_id": call_id}
-    taken = run(session, _TAKE_SLOT, params)
-    if taken.rowcount != 1:
-        if run(session, _CHILD_OF, {"call_id": call_id}).first():
-            return False
-        job = session.get(Turn, job_id)
-        if job is not None and job.stop_status is not None:
-            raise InvalidRequestError("the job is being stopped; no new subagent", ["job"])
-        raise InvalidRequestError(
-            f"subagent limit reached ({rt.settings.max_children} children in this job)",
-            ["children"],
-        )
-    return True
+    rows = ((Conversation, conversation), (Turn, first_turn), (MessageRow, message))
+    if returns_joined_rows(session):
+        session.flush()  # a fork's copied messages first: the history's order
+        params.update(new_row_params(rows))
+        taken = outbox.flush_if(session, _TAKE_SLOT, params, _child_rows)
+    else:
+        taken = run(session, _TAKE_SLOT, params).rowcount == 1
+        if taken:
+            insert_new(session, *rows)
+        else:
+            outbox.discard()
+    if taken:
+        return True
+    if run(session, _CHILD_OF, {"call_id": call_id}).first():
+        return False
+    job = session.get(Turn, job_id)
+    if job is not None and job.stop_status is not None:
+        raise InvalidRequestError("the job is being stopped; no new subagent", ["job"])
+    raise InvalidRequestError(
+        f"subagent limit reached ({rt.settings.max_children} children in this job)",
+        ["children"],
+    )
 
 
 def start_child(
@@ -140,8 +157,7 @@ def start_child(
     reads them in this transaction)."""
     turn, conv, spec = caller
     child_spec, task, fork = _child_request(spec, call)
-    if not _take_child_slot(rt, session, (conv, turn), call.id):
-        return []  # a redelivered copy: the child already exists
+    _check_depth(rt, conv)
     child = ConversationRef(new_id(), conv.root_id)
     child_turn = TurnRef(new_id(), turn.correlation_id)  # the job's, as the parent's
     if fork:  # the copies first (flushed by the insert): the history's order
@@ -178,7 +194,6 @@ def start_child(
         "role": "user",
         "content": [TextBlock(text=task).model_dump()],
     }
-    insert_new(session, (Conversation, conversation), (Turn, first_turn), (MessageRow, message))
     outbox.record(
         EventName.SUBAGENT_STARTED,
         conv,
@@ -191,6 +206,9 @@ def start_child(
         fork=fork,
     )
     outbox.record(EventName.TURN_STARTED, child, child_turn, 0, agent=child_spec.name, input=task)
+    job_id = turn.job_id or turn.id  # its root's row: locked by the caller
+    if not _insert_child(rt, session, outbox, job_id, (call.id, conversation, first_turn, message)):
+        return []  # a redelivered copy: the child already exists
     return [RunStep(child.id, child_turn.id, 0, conv.priority)]
 
 
@@ -238,6 +256,14 @@ _TURNS = table(Turn)
 #: The child of a subagent call, if it was started already.
 _CHILD_OF = select(_TURNS.c.id).where(_TURNS.c.parent_call_id == bindparam("call_id"))
 _CHILDREN = _TURNS.alias("child")
+
+
+def _child_rows(taken: ColumnElement[bool]) -> tuple[Insert, ...]:
+    """The child's conversation, turn and first message, each inserted only
+    if ``taken`` (its slot was): the riders of :func:`_insert_child`'s
+    statement."""
+    return tuple(new_rows_if(model, taken) for model in (Conversation, Turn, MessageRow))
+
 
 #: One more child for the job, within the fan-out limit, unless it is being
 #: stopped (a stop marked since the call was read: no new child, as the
