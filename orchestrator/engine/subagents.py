@@ -108,7 +108,8 @@ def _insert_child(
     turn and first message (the rest of ``child``) and store the outbox's
     events: on Postgres one statement (the slot's update first: the job's
     turn is locked before any new row). False if the call has its child
-    already (a redelivered copy): nothing is written.
+    already (a redelivered copy): nothing is written. ``outbox`` holds the
+    child's events only: they are dropped when no slot is taken.
 
     ``CHORUS_MAX_CHILDREN`` bounds the subagents one job starts (counted on
     the job's turn), not a conversation's lifetime: the next job on the
@@ -160,7 +161,7 @@ def start_child(
     _check_depth(rt, conv)
     child = ConversationRef(new_id(), conv.root_id)
     child_turn = TurnRef(new_id(), turn.correlation_id)  # the job's, as the parent's
-    if fork:  # the copies first (flushed by the insert): the history's order
+    if fork:  # the copies first (flushed before the child's rows): the history's order
         copy_messages(session, conv.id, child.id)
     conversation = {
         "id": child.id,
