@@ -241,7 +241,7 @@ def _insert(
     return _build_insert(count, postgres, (guard, riders), selected=guard is not None)
 
 
-@lru_cache(maxsize=128)
+@lru_cache(maxsize=512)
 def _reused_insert(
     count: int, postgres: bool, guard: Update | None, riders: Riders | None
 ) -> Insert:
@@ -350,7 +350,10 @@ class Outbox:
 
         ``guard`` is meant to be built once (module level) with its values
         as ``bindparam``s, given in ``params``: the statement around it is
-        then built once per guard and number of events."""
+        then built once per guard and number of events. It updates at most
+        one row, by its key: the statement reads it first, so that row is
+        locked before any other (the one lock order); each rider writes
+        only under the condition it is given."""
         if _dialect(session) != "postgresql":
             raise ValueError("flush_if needs Postgres; use a transaction and flush")
         rows, values = self._take(postgres=True)

@@ -363,8 +363,9 @@ def _record_reply(
     )
 
 
-#: The most calls :func:`_store_batch` stores in one statement (about 50
-#: parameters a call with its event); a larger batch is a transaction.
+#: The most calls :func:`_store_batch` stores in one statement (20
+#: parameters a call and 9 an event: about 2,500 for 64); a larger batch
+#: is a transaction.
 _ONE_STATEMENT_CALLS = 64
 
 

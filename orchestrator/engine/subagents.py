@@ -102,14 +102,18 @@ def _insert_child(
     outbox: Outbox,
     job_id: str,
     child: tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]],
+    fork: bool,
 ) -> bool:
     """Count the child of call ``call_id`` (the first of ``child``) against
     the job's fan-out limit and, if it took a slot, insert its conversation,
     turn and first message (the rest of ``child``) and store the outbox's
     events: on Postgres one statement (the slot's update first: the job's
-    turn is locked before any new row). False if the call has its child
-    already (a redelivered copy): nothing is written. ``outbox`` holds the
-    child's events only: they are dropped when no slot is taken.
+    turn is locked before any new row). A ``fork`` copies the parent's
+    messages once the slot is taken, before the child's rows (the
+    history's order): the slot is then a statement of its own. False if
+    the call has its child already (a redelivered copy): nothing is
+    written. ``outbox`` holds the child's events only: they are dropped
+    when no slot is taken.
 
     ``CHORUS_MAX_CHILDREN`` bounds the subagents one job starts (counted on
     the job's turn), not a conversation's lifetime: the next job on the
@@ -118,13 +122,14 @@ def _insert_child(
     call_id, conversation, first_turn, message = child
     params = {"where_id": job_id, "max_children": rt.settings.max_children, "call_id": call_id}
     rows = ((Conversation, conversation), (Turn, first_turn), (MessageRow, message))
-    if returns_joined_rows(session):
-        session.flush()  # a fork's copied messages first: the history's order
+    if returns_joined_rows(session) and not fork:
         params.update(new_row_params(rows))
         taken = outbox.flush_if(session, _TAKE_SLOT, params, _child_rows)
     else:
         taken = run(session, _TAKE_SLOT, params).rowcount == 1
         if taken:
+            if fork:
+                copy_messages(session, conversation["parent_id"], conversation["id"])
             insert_new(session, *rows)
         else:
             outbox.discard()
@@ -157,12 +162,14 @@ def start_child(
     The child's rows are inserted from their values (no entities: nothing
     reads them in this transaction)."""
     turn, conv, spec = caller
+    # A first claim (attempts 1) has no child yet; a redelivered copy may
+    # find it, and then leaves before validating anything again.
+    if call.attempts > 1 and run(session, _CHILD_OF, {"call_id": call.id}).first():
+        return []
     child_spec, task, fork = _child_request(spec, call)
     _check_depth(rt, conv)
     child = ConversationRef(new_id(), conv.root_id)
     child_turn = TurnRef(new_id(), turn.correlation_id)  # the job's, as the parent's
-    if fork:  # the copies first (flushed before the child's rows): the history's order
-        copy_messages(session, conv.id, child.id)
     conversation = {
         "id": child.id,
         "root_id": conv.root_id,
@@ -208,7 +215,8 @@ def start_child(
     )
     outbox.record(EventName.TURN_STARTED, child, child_turn, 0, agent=child_spec.name, input=task)
     job_id = turn.job_id or turn.id  # its root's row: locked by the caller
-    if not _insert_child(rt, session, outbox, job_id, (call.id, conversation, first_turn, message)):
+    rows = (call.id, conversation, first_turn, message)
+    if not _insert_child(rt, session, outbox, job_id, rows, fork):
         return []  # a redelivered copy: the child already exists
     return [RunStep(child.id, child_turn.id, 0, conv.priority)]
 

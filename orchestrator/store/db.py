@@ -20,7 +20,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from psycopg import _queries
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
@@ -38,6 +37,10 @@ def _cache_long_queries() -> None:
     half a millisecond of CPU per step. The cache (128 entries) then holds
     those too. The limits are psycopg's module constants: a psycopg
     without them is left as it is."""
+    try:
+        from psycopg import _queries
+    except ImportError:  # a psycopg that moved it: its own limits stay
+        return
     if hasattr(_queries, "MAX_CACHED_STATEMENT_LENGTH"):
         _queries.MAX_CACHED_STATEMENT_LENGTH = max(_queries.MAX_CACHED_STATEMENT_LENGTH, 32_768)
     if hasattr(_queries, "MAX_CACHED_STATEMENT_PARAMS"):
