@@ -24,10 +24,31 @@ def move_cursor(session: Session, conv: Conversation, **values: Any) -> bool:
     count and any deferral of the old position are cleared. ``values`` are
     plain values (no SQL expressions); ``conv`` shows them once moved.
     """
+    return _move(session, conv, values)
+
+
+def _move(
+    session: Session,
+    conv: Conversation,
+    values: dict[str, Any],
+    ending: tuple[str, dict[str, Any]] | None = None,
+) -> bool:
+    """:func:`move_cursor`; with ``ending`` (a turn's id and the columns
+    that end it), the turn is ended too, only if the cursor moved: in the
+    same statement on Postgres (the move as a CTE: the conversation's row
+    first, the one lock order)."""
     values = {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
     params = {"where_id": conv.id, "where_version": conv.version, **_set_params(values)}
-    if run(session, _by_version(tuple(values)), params).rowcount != 1:
+    statement = _by_version(tuple(values))
+    together = ending is not None and session.get_bind().dialect.name == "postgresql"
+    if ending is not None:
+        params.update({"end_turn_id": ending[0], **_set_params(ending[1])})
+        if together:
+            statement = _ending_by_version(tuple(values))
+    if run(session, statement, params).rowcount != 1:
         return False
+    if ending is not None and not together:
+        run(session, _END_TURN, params)
     for key, value in (*values.items(), ("version", conv.version + 1)):
         set_committed_value(conv, key, value)
     return True
@@ -119,7 +140,7 @@ def _by_position(keys: tuple[str, ...]) -> Update:
 
 
 #: A turn's end: its status, output, error and time (the turn's id is
-#: ``end_turn_id``: beside a move's ``where_id`` in :func:`_ending_by_version`).
+#: ``end_turn_id``: beside a move's ``where_id`` in :func:`_move`).
 _END_TURN = (
     update(_TURN)
     .where(_TURN.c.id == bindparam("end_turn_id"))
@@ -144,31 +165,6 @@ def _ending_by_version(keys: tuple[str, ...]) -> Update:
     only if it moved (the conversation's row first: the one lock order)."""
     moved = _by_version(keys).returning(_CONVERSATION.c.id).cte("moved")
     return _END_TURN.where(exists(select(moved.c.id)))
-
-
-def _move_and_end(
-    session: Session, conv: Conversation, turn: Turn, ended: dict[str, Any], **values: Any
-) -> bool:
-    """:func:`move_cursor` and the turn's ``ended`` columns, in one
-    statement on Postgres; False if another copy moved first."""
-    if session.get_bind().dialect.name != "postgresql":
-        if not move_cursor(session, conv, **values):
-            return False
-        run(session, _END_TURN, {"end_turn_id": turn.id, **_set_params(ended)})
-        return True
-    values = {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
-    params = {
-        "where_id": conv.id,
-        "where_version": conv.version,
-        "end_turn_id": turn.id,
-        **_set_params(values),
-        **_set_params(ended),
-    }
-    if run(session, _ending_by_version(tuple(values)), params).rowcount != 1:
-        return False
-    for key, value in (*values.items(), ("version", conv.version + 1)):
-        set_committed_value(conv, key, value)
-    return True
 
 
 def finish_turn(
@@ -200,14 +196,14 @@ def finish_turn(
     }
     ended = {"status": status.value, "output": output, "error": error, "finished_at": utcnow()}
     answers = turn.parent_call_id is not None and notify_parent
-    if answers:  # written now, where the answer's flush wrote it: with the move
-        if not _move_and_end(session, conv, turn, ended, **moved):
-            return None
+    # a turn that answers its parent is ended now, with the move, where the
+    # answer's flush wrote it; any other with the transaction's other changes
+    if not _move(session, conv, moved, (turn.id, ended) if answers else None):
+        return None
+    if answers:
         for key, value in ended.items():
             set_committed_value(turn, key, value)
-    elif not move_cursor(session, conv, **moved):
-        return None
-    else:  # written with the transaction's other changes, at its flush
+    else:
         for key, value in ended.items():
             setattr(turn, key, value)
         session.add(turn)
