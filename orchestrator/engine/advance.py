@@ -6,14 +6,20 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Row, Select, Update, bindparam, exists, insert, null, select, update
+from sqlalchemy import Row, Select, Update, bindparam, exists, null, select, update
 from sqlmodel import Session
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from, move_from
 from orchestrator.engine.handoffs import handoff_in, take_over, target_values
 from orchestrator.engine.outputs import view
-from orchestrator.engine.prebuilt import MESSAGE_VALUES, insert_new, message_params, run, unfinished
+from orchestrator.engine.prebuilt import (
+    insert_new,
+    message_params,
+    new_rows_if,
+    run,
+    unfinished,
+)
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, table
@@ -118,19 +124,16 @@ def _finish_step(
 @lru_cache(maxsize=8)
 def _finish_statement(move: Update) -> Select[Any]:
     """``move`` returning the conversation's id, the results message's
-    INSERT (:data:`MESSAGE_VALUES`) and :data:`_CLEAR_RESULTS`, each only
+    INSERT (:func:`~orchestrator.engine.prebuilt.new_rows_if`) and :data:`_CLEAR_RESULTS`, each only
     for a row ``move`` returned."""
     moved = move.returning(_CONVERSATIONS.c.id).cte("moved")
     has_moved = exists(select(moved.c.id))
-    message = insert(_MESSAGES).from_select(
-        list(MESSAGE_VALUES), select(*MESSAGE_VALUES.values()).where(has_moved)
-    )
+    message = new_rows_if(MessageRow, has_moved)
     cleared = _CLEAR_RESULTS.where(has_moved)
     return select(moved.c.id).add_cte(message.cte("stored"), cleared.cte("cleared"))
 
 
 _CALLS = table(ToolCallRow)
-_MESSAGES = table(MessageRow)
 _CONVERSATIONS = table(Conversation)
 _pending = _CALLS.alias()
 

@@ -39,7 +39,7 @@ from orchestrator.engine.output import (
     rejection,
 )
 from orchestrator.engine.planning import PLAN_TOOL, update_plan
-from orchestrator.engine.prebuilt import filled, message_params
+from orchestrator.engine.prebuilt import NewRow, message_params, new_row_params
 from orchestrator.engine.stepstatements import (
     ADD_USAGE,
     ADD_USAGE_AND_TREE,
@@ -51,7 +51,6 @@ from orchestrator.engine.stepstatements import (
     LeasedConversation,
     LeasedTurn,
     batch_riders,
-    call_params,
     usage_with_message,
 )
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
@@ -62,6 +61,7 @@ from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import (
     Conversation,
+    MessageRow,
     ToolCallRow,
     Turn,
     new_id,
@@ -420,11 +420,12 @@ def _store_batch(
         "b_now": utcnow(),
         **_usage_params(turn_id, step, usage),
         **tree_params(usage, len(reply.tool_calls)),
-        **message_params(_assistant_message(conversation_id, turn_id, step, reply)),
     }
+    message = _assistant_message(conversation_id, turn_id, step, reply)
     with rt.autocommit() as session:
         rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, (None, None))
-        params.update(call_params([filled(ToolCallRow, row) for row in rows]))
+        new: list[NewRow] = [(MessageRow, message), *((ToolCallRow, row) for row in rows)]
+        params.update(new_row_params(new))
         stored = outbox.flush_if(session, STEP_MOVE, params, batch_riders(len(rows)))
     if not stored:  # the lease was lost or the cursor moved while the model ran
         record_superseded(rt, conversation_id, turn_id, step, reply, admitted)

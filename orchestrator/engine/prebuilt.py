@@ -9,7 +9,7 @@ life (``chorus.advance``, a child's start and end) use these.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from copy import copy
 from functools import cache, lru_cache, partial
 from typing import Any, cast
@@ -24,6 +24,7 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    union_all,
 )
 from sqlmodel import Session, SQLModel
 
@@ -46,21 +47,6 @@ def unfinished(status: ColumnElement[str]) -> ColumnElement[bool]:
     statuses are plain parameters, not an expanding one (``not_in`` of a
     tuple): no rewriting of the statement's SQL per run."""
     return status.not_in([literal(value) for value in CALL_FINISHED])
-
-
-#: A new message's columns, as parameters ``m_<key>`` (all but its id), for
-#: an INSERT inside another statement (whose own parameters may be named for
-#: columns): :func:`message_params` fills them.
-MESSAGE_VALUES = {
-    column.key: bindparam(f"m_{column.key}", type_=column.type)
-    for column in table(MessageRow).c
-    if column is not table(MessageRow).autoincrement_column
-}
-
-
-def message_params(values: dict[str, Any]) -> dict[str, Any]:
-    """The parameters of :data:`MESSAGE_VALUES`: ``values`` and the defaults."""
-    return {f"m_{key}": value for key, value in filled(MessageRow, values).items()}
 
 
 #: A new row to insert: its model, and the values given (the others: defaults).
@@ -87,32 +73,56 @@ def insert_new(session: Session, *rows: NewRow) -> None:
 
 
 @cache
-def _new_row_values(model: type[SQLModel]) -> dict[str, Any]:
-    """A new row's columns, as parameters ``<table>_<key>`` (all but an
-    autoincrement key): :func:`new_row_params` fills them."""
+def new_row_values(model: type[SQLModel], index: int = 0) -> dict[str, Any]:
+    """The columns of a new row of ``model`` (all but an autoincrement key),
+    as parameters for an INSERT inside another statement, whose own
+    parameters may be named for columns: ``<table>_<key>``, or for the
+    ``index``-th row of the model in the statement ``<table>_<index>_<key>``.
+    :func:`new_row_params` fills them."""
     found = table(model)
+    prefix = found.name if index == 0 else f"{found.name}_{index}"
     return {
-        column.key: bindparam(f"{found.name}_{column.key}", type_=column.type)
+        column.key: bindparam(f"{prefix}_{column.key}", type_=column.type)
         for column in found.c
         if column is not found.autoincrement_column
     }
 
 
-def new_rows_if(model: type[SQLModel], condition: ColumnElement[bool]) -> Insert:
-    """The INSERT of one row of ``model`` from :func:`new_row_params`' values,
-    only if ``condition``: a data-modifying CTE of a larger statement."""
-    values = _new_row_values(model)
-    return insert(table(model)).from_select(list(values), select(*values.values()).where(condition))
+def new_rows_if(model: type[SQLModel], condition: ColumnElement[bool], count: int = 1) -> Insert:
+    """The INSERT of ``count`` rows of ``model`` from :func:`new_row_params`'
+    values, only if ``condition``: a data-modifying CTE of a larger statement."""
+    rows = [
+        select(*(value.label(key) for key, value in new_row_values(model, i).items())).where(
+            condition
+        )
+        for i in range(count)
+    ]
+    return insert(table(model)).from_select(
+        list(new_row_values(model)), rows[0] if count == 1 else union_all(*rows)
+    )
 
 
-def new_row_params(rows: tuple[NewRow, ...]) -> dict[str, Any]:
-    """The parameters of :func:`new_rows_if` for ``rows`` (one per model):
-    the values given and each other column's default (see :func:`insert_new`)."""
+def new_row_params(rows: Iterable[NewRow]) -> dict[str, Any]:
+    """The parameters of :func:`new_row_values` for ``rows`` (the rows of
+    one model numbered in order): the values given and each other
+    column's default (see :func:`insert_new`)."""
     params: dict[str, Any] = {}
+    counts: dict[type[SQLModel], int] = {}
     for model, values in rows:
-        name = table(model).name
-        params.update({f"{name}_{key}": value for key, value in filled(model, values).items()})
+        index = counts[model] = counts.get(model, -1) + 1
+        names = new_row_values(model, index)
+        params.update({names[key].key: value for key, value in filled(model, values).items()})
     return params
+
+
+#: A new message's columns, as parameters (all but its id):
+#: :func:`message_params` fills them.
+MESSAGE_VALUES = new_row_values(MessageRow)
+
+
+def message_params(values: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of :data:`MESSAGE_VALUES`: ``values`` and the defaults."""
+    return new_row_params([(MessageRow, values)])
 
 
 #: Per row, its model and its columns, each with the name of its parameter.

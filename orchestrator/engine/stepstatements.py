@@ -21,7 +21,6 @@ from sqlalchemy import (
     func,
     insert,
     or_,
-    union_all,
     update,
 )
 from sqlalchemy import select as select_columns
@@ -30,7 +29,7 @@ from sqlmodel import col, select
 
 from orchestrator.engine.budget import JOB_ROW_COLUMNS, LOCK_JOB, ROLL_UP, TREE_TOTALS, JobRow
 from orchestrator.engine.output import FINAL_ANSWER
-from orchestrator.engine.prebuilt import MESSAGE_VALUES
+from orchestrator.engine.prebuilt import MESSAGE_VALUES, new_rows_if
 from orchestrator.events import Riders
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
 from schemas import ConversationState
@@ -195,16 +194,6 @@ def usage_with_message(tree: bool, lock: bool = False) -> Update:
     return usage.add_cte(*ctes)
 
 
-#: A tool call's columns, as parameters ``c<i>_<key>`` of the ``i``-th call of
-#: :func:`batch_riders` (:func:`call_params` fills them).
-_CALL_COLUMNS = tuple(column.key for column in _TOOL_CALLS.c)
-
-
-def call_params(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The parameters of :func:`batch_riders`' calls: ``rows``' values."""
-    return {f"c{i}_{key}": row[key] for i, row in enumerate(rows) for key in _CALL_COLUMNS}
-
-
 #: A step that stores a batch of tools to run, on Postgres
 #: (:func:`~orchestrator.engine.persist._store_batch`): the guard of its one
 #: statement. It moves the cursor to the batch's first segment if this
@@ -233,26 +222,16 @@ STEP_MOVE = (
 def batch_riders(calls: int) -> Riders:
     """The rest of :data:`STEP_MOVE`'s statement, for a batch of ``calls``:
     the turn's usage and the job's tree totals (a job's own turn on its
-    root: one row), the assistant message and the calls, each written
+    root: one row), the assistant message and the calls
+    (:func:`~orchestrator.engine.prebuilt.new_row_params`), each written
     only if the move took (``moved``)."""
 
     def riders(moved: ColumnElement[bool]) -> tuple[Insert | Update, ...]:
-        message = insert(_MESSAGES).from_select(
-            list(MESSAGE_VALUES), select_columns(*MESSAGE_VALUES.values()).where(moved)
+        return (
+            ADD_USAGE_AND_TREE.where(moved),
+            new_rows_if(MessageRow, moved),
+            new_rows_if(ToolCallRow, moved, calls),
         )
-        rows = [
-            select_columns(
-                *(
-                    bindparam(f"c{i}_{key}", type_=_TOOL_CALLS.c[key].type).label(key)
-                    for key in _CALL_COLUMNS
-                )
-            ).where(moved)
-            for i in range(calls)
-        ]
-        stored = insert(_TOOL_CALLS).from_select(
-            list(_CALL_COLUMNS), rows[0] if calls == 1 else union_all(*rows)
-        )
-        return ADD_USAGE_AND_TREE.where(moved), message, stored
 
     return riders
 
