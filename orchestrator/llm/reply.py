@@ -1,6 +1,7 @@
 """A streamed reply, collected: the one place chunks become a :class:`ModelReply`.
 
-Both client paths (litellm's stream wrapper and the openai SDK's stream)
+Both client paths (litellm's stream wrapper, whose chunks are objects, and
+the openai SDK's stream, whose chunks are the provider's JSON as dicts)
 yield chunks with OpenAI streaming semantics, and both are read by
 :func:`read_stream`: text, thinking, tool-call arguments assembled across
 chunks, usage, finish reason, an early stop, and storable strings.
@@ -111,22 +112,25 @@ class _Collector:
 
     def add(self, chunk: Any) -> str:
         """Take one chunk; return its text piece ("" if none)."""
-        if getattr(chunk, "usage", None) is not None:
-            self.usage = chunk.usage
-        if not chunk.choices:
+        usage = _field(chunk, "usage")
+        if usage is not None:
+            self.usage = usage
+        choices = _field(chunk, "choices")
+        if not choices:
             return ""
-        choice = chunk.choices[0]
-        if choice.finish_reason:
-            self.finish_reason = str(choice.finish_reason)
-        delta = choice.delta
+        choice = choices[0]
+        finish_reason = _field(choice, "finish_reason")
+        if finish_reason:
+            self.finish_reason = str(finish_reason)
+        delta = _field(choice, "delta")
         if delta is None:
             return ""
-        reasoning = getattr(delta, "reasoning_content", None)
+        reasoning = _field(delta, "reasoning_content")
         if reasoning:
             self.thinking.append(reasoning)
-        for tool_call in delta.tool_calls or []:
+        for tool_call in _field(delta, "tool_calls") or []:
             self._add_tool_call(tool_call)
-        piece = delta.content or ""
+        piece = _field(delta, "content") or ""
         if piece:
             self.text.append(piece)
         return piece
@@ -135,19 +139,23 @@ class _Collector:
         # OpenAI sends id and name once, then argument pieces under the same
         # index. Some providers send several complete calls all at index 0
         # with distinct ids: a new id at a known index starts a new call.
-        index = delta.index if delta.index is not None else len(self.calls)
+        index = _field(delta, "index")
+        if index is None:
+            index = len(self.calls)
         position = self.by_index.get(index)
-        new_id = getattr(delta, "id", None)
+        new_id = _field(delta, "id")
         if position is None or (new_id and new_id != self.calls[position].id):
             self.calls.append(_PendingCall(id=new_id or f"call_{uuid.uuid4().hex}"))
             position = self.by_index[index] = len(self.calls) - 1
         pending = self.calls[position]
-        function = delta.function
+        function = _field(delta, "function")
         if function is not None:
-            if function.name:
-                pending.name = function.name
-            if function.arguments:
-                pending.arguments += function.arguments
+            name = _field(function, "name")
+            if name:
+                pending.name = name
+            arguments = _field(function, "arguments")
+            if arguments:
+                pending.arguments += arguments
 
     def reply(self, litellm: ModuleType, model: str, stopped: bool = False) -> ModelReply:
         """The collected reply (partial tool calls dropped when stopped)."""
@@ -191,11 +199,19 @@ def parse_arguments(arguments: str) -> dict[str, Any]:
     return cleaned
 
 
+def _field(value: Any, name: str) -> Any:
+    """A field of a chunk or of a part of one: the SDK path's chunks are the
+    provider's JSON (dicts), litellm's are objects; missing is None."""
+    if isinstance(value, dict):
+        return value.get(name)
+    return getattr(value, name, None)
+
+
 def _usage(litellm: ModuleType, model: str, usage: Any) -> Usage:
     if usage is None:
         return Usage()
-    input_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-    output_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+    input_tokens = int(_field(usage, "prompt_tokens") or 0)
+    output_tokens = int(_field(usage, "completion_tokens") or 0)
     return Usage(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
@@ -206,12 +222,15 @@ def _usage(litellm: ModuleType, model: str, usage: Any) -> Usage:
 def _cost(litellm: ModuleType, model: str, usage: Any) -> float:
     """Price the call with litellm's cost map; 0.0 when it cannot.
 
-    The openai SDK's usage (a pydantic model) becomes the ``litellm.Usage``
-    litellm's own stream would have built from it.
+    The SDK path's usage (the provider's JSON, or the SDK's pydantic model)
+    becomes the ``litellm.Usage`` litellm's own stream would have built
+    from it.
     """
     try:
         if not isinstance(usage, litellm.Usage) and hasattr(usage, "model_dump"):
-            usage = litellm.Usage(**usage.model_dump(exclude_none=True))
+            usage = usage.model_dump(exclude_none=True)
+        if isinstance(usage, dict):
+            usage = litellm.Usage(**{k: v for k, v in usage.items() if v is not None})
         # what completion_cost ends in, at a fifth of its CPU (~0.06 ms)
         prompt, completion = litellm.cost_per_token(model=model, usage_object=usage)
         return float(prompt + completion)
