@@ -133,8 +133,10 @@ def _refused_calls(litellm: ModuleType) -> None:
         with suppress(ModelError):  # api_key: a litellm-only setting, so litellm's path
             complete(model, messages, None, settings)
         route = openai_stream.Route("openai", "chorus-warm-up", base, "warm-up")
-        with suppress(ModelError), translating():
-            stream = openai_stream.open_stream(litellm, route, model, messages, None, {})
+        with (
+            suppress(ModelError),
+            openai_stream.streaming(litellm, route, model, messages, None, {}) as stream,
+        ):
             read_stream(litellm, model, stream, None, None)
 
 
@@ -187,13 +189,13 @@ def complete(
 
     scripted.install()
     sdk = _sdk_route(litellm, model, model_settings)
+    if sdk is not None:
+        with openai_stream.streaming(
+            litellm, sdk, model, messages, tools or None, model_settings
+        ) as stream:
+            return read_stream(litellm, model, stream, on_delta, should_stop)
     with translating():
-        if sdk is not None:
-            stream = openai_stream.open_stream(
-                litellm, sdk, model, messages, tools or None, model_settings
-            )
-        else:
-            stream = _litellm_stream(litellm, model, messages, tools, model_settings)
+        stream = _litellm_stream(litellm, model, messages, tools, model_settings)
     return read_stream(litellm, model, stream, on_delta, should_stop)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -147,6 +148,30 @@ def test_connection_refused_is_retryable_without_status(monkeypatch: pytest.Monk
 
     assert caught.value.status is None
     assert is_retryable(caught.value.__cause__)  # type: ignore[arg-type]
+
+
+def test_calls_in_flight_keep_their_connections_for_later_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with LoopbackLLM(keep_alive=True) as server:
+        for _ in range(8):
+            server.enqueue_text("one two three", chunk_delay=0.05)
+
+        # When eight calls stream at once
+        with ThreadPoolExecutor(8) as threads:
+            texts = list(
+                threads.map(lambda _: complete(MODEL, USER, None, _settings(server)).text, range(8))
+            )
+        opened = server.connections
+
+        # Then each had a connection of its own, and later calls reuse them
+        assert texts == ["one two three"] * 8
+        assert 2 <= opened <= 8
+        for _ in range(8):
+            server.enqueue_text("again")
+            assert complete(MODEL, USER, None, _settings(server)).text == "again"
+        assert server.connections == opened
 
 
 def test_should_stop_abandons_the_stream(server: LoopbackLLM) -> None:
