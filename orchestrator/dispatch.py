@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from celery import Celery, Signature, chain, chord, group
+from celery.backends.redis import RedisBackend
 
 from orchestrator.celery_conf import broker_priority
 from orchestrator.engine.actions import (
@@ -30,9 +31,11 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
     """Send each action: a step, or a segment as a chain (one call) or a
     chord over a group (several calls) ending in ``chorus.advance``.
 
-    Only chord parts keep a Celery result (the chord counts them); every
-    other task is sent with ``ignore_result`` so no producer subscribes to
-    a result it will never read. Results live in Postgres.
+    No task keeps a Celery result (results live in Postgres), so no
+    producer subscribes to a result it will never read and Redis holds no
+    task's outcome for a day: every task is sent with ``ignore_result``,
+    chord parts too when the result backend counts a chord's parts without
+    their stored results (:func:`_joins_without_results`).
 
     Each task's id names the cursor position it serves (a tool task's id
     is its call's id), so every copy of one position has the same id and
@@ -104,6 +107,7 @@ def _advance(app: Celery, seg: RunSegment | RunAdvance) -> Signature:
 def _send_segment(app: Celery, seg: RunSegment) -> None:
     where = f"conv={_short(seg.conversation_id)} step={seg.step}"
     advance = _advance(app, seg)
+    ignore_result = _joins_without_results(app)
     tools = [
         app.signature(
             "chorus.tool",
@@ -112,6 +116,7 @@ def _send_segment(app: Celery, seg: RunSegment) -> None:
             kwargs={"subagent": True} if is_subagent_call(call.tool) else None,
             queue=call.queue,
             immutable=True,
+            ignore_result=ignore_result,
             priority=broker_priority(seg.priority),
             # The call's id is the task's id, so cancelling a turn can revoke
             # tool tasks still waiting in a queue.
@@ -127,3 +132,13 @@ def _send_segment(app: Celery, seg: RunSegment) -> None:
         chain(tools[0].set(ignore_result=True), advance).apply_async()
     else:
         chord(group(tools), advance).apply_async()
+
+
+def _joins_without_results(app: Celery) -> bool:
+    """Does the result backend join a chord without its parts' stored
+    results? Redis's does: each part's outcome goes into the chord's own
+    list as it is counted, and the body is sent from that list. So the parts
+    store none (a Redis SET and PUBLISH each, the sender's subscription to
+    them, and a key kept for ``result_expires``). Other backends join by
+    reading the parts' results, which then must be stored."""
+    return isinstance(app.backend, RedisBackend)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from sqlmodel import col, select
 
 from orchestrator import Agent, Client, Settings
@@ -96,6 +97,22 @@ def test_without_a_cap_the_same_batch_runs_at_once(
     assert [c.segment for c in calls] == [0] * LANES
     assert max(c.result["running"] for c in calls) > 4
     assert _answer_labels(answer) == [f"l{i}" for i in range(LANES)]
+
+
+def test_a_batchs_tool_tasks_keep_no_celery_result(
+    client: Client, settings: Settings, workers: Any, lanes: WorkerProcess
+) -> None:
+    # Given a batch of parallel calls, run as a chord of tool tasks
+    job = client.submit("open-lanes", "go")
+    job.result(timeout=90)
+
+    # Then the chord joined them, yet Redis holds no Celery result of any
+    # (results live in Postgres; a stored one would be kept for a day)
+    calls = tool_calls(client, job.id)
+    assert len(calls) == LANES and all(c.result for c in calls)
+    keys = [f"{settings.redis_prefix}:celery-task-meta-{c.id}" for c in calls]
+    with redis.Redis.from_url(settings.redis_url) as r:
+        assert r.exists(*keys) == 0
 
 
 @pytest.mark.parametrize("cap", [0, -1, 2.5, "4", True])
