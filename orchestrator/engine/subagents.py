@@ -175,6 +175,7 @@ def start_child(
         "root_id": conv.root_id,
         "parent_id": conv.id,
         "depth": conv.depth + 1,
+        "kind": "subagent",
         "agent": child_spec.name,
         "agent_spec": child_spec.model_dump(mode="json"),
         "state": ConversationState.RUNNING.value,

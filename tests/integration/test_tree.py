@@ -67,10 +67,11 @@ def test_parallel_subagents_with_a_nested_one(client: Client, workers: Any) -> N
     conversations = {e.conversation_id for e in events}
     assert len(conversations) == 5 and all(e.root_id == job.root_id for e in events)
     with client.runtime.session() as s:
-        depths = sorted(
-            c.depth for c in s.exec(select(Conversation).where(Conversation.root_id == job.root_id))
+        tree = sorted(
+            (c.depth, c.kind)
+            for c in s.exec(select(Conversation).where(Conversation.root_id == job.root_id))
         )
-    assert depths == [0, 1, 1, 1, 2]
+    assert tree == [(0, "main"), *[(1, "subagent")] * 3, (2, "subagent")]
 
 
 def test_fanout_of_200_children_and_the_fanout_limit(client: Client, workers: Any) -> None:
