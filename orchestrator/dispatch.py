@@ -31,11 +31,10 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
     """Send each action: a step, or a segment as a chain (one call) or a
     chord over a group (several calls) ending in ``chorus.advance``.
 
-    No task keeps a Celery result (results live in Postgres), so no
-    producer subscribes to a result it will never read and Redis holds no
-    task's outcome for a day: every task is sent with ``ignore_result``,
-    chord parts too when the result backend counts a chord's parts without
-    their stored results (:func:`_joins_without_results`).
+    The tasks sent here keep no Celery result (results live in Postgres),
+    so Redis holds none of their outcomes for a day: every task is sent
+    with ``ignore_result``, chord parts too when the result backend joins a
+    chord without its parts' stored results (:func:`_joins_without_results`).
 
     Each task's id names the cursor position it serves (a tool task's id
     is its call's id), so every copy of one position has the same id and
@@ -131,14 +130,25 @@ def _send_segment(app: Celery, seg: RunSegment) -> None:
         # A chain needs no stored result: the worker sends the next link.
         chain(tools[0].set(ignore_result=True), advance).apply_async()
     else:
-        chord(group(tools), advance).apply_async()
+        # The header as a generator: given a list, the Redis backend keeps a
+        # result object of every part, subscribed to its result channel, in
+        # the sending worker for good (nothing in a worker drains those
+        # channels, and with ``ignore_result`` no result is ever published):
+        # ~4 KB and a Redis subscription per call. A generator's parts are
+        # only watched weakly, and unsubscribed once sent.
+        chord(group(tool for tool in tools), advance).apply_async()
 
 
 def _joins_without_results(app: Celery) -> bool:
     """Does the result backend join a chord without its parts' stored
-    results? Redis's does: each part's outcome goes into the chord's own
-    list as it is counted, and the body is sent from that list. So the parts
-    store none (a Redis SET and PUBLISH each, the sender's subscription to
-    them, and a key kept for ``result_expires``). Other backends join by
-    reading the parts' results, which then must be stored."""
-    return isinstance(app.backend, RedisBackend)
+    results? Redis's does (a backend that keeps its chord join): each
+    part's outcome goes into the chord's own list as it is counted, and the
+    body is sent from that list. So the parts store none (a Redis SET and
+    PUBLISH each, and a key kept for ``result_expires``). Other backends
+    join by reading the parts' results, which then must be stored.
+
+    A part that stores no result is not acknowledged by a prefork worker
+    whose child died after it ran: it runs again, finds its call finished
+    and leaves (the chord counts each part once)."""
+    backend = type(app.backend)
+    return backend.on_chord_part_return is RedisBackend.on_chord_part_return

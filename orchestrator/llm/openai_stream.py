@@ -22,6 +22,8 @@ import inspect
 import os
 import ssl
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,6 +63,8 @@ _PRICE_KEYS = frozenset({"input_cost_per_token", "output_cost_per_token"})
 #: Idle SDK clients a process keeps per endpoint: a worker process runs
 #: ~150 calls at once.
 MAX_IDLE = 256
+#: Seconds an idle SDK client is kept (its connection's keep-alive is 5 s).
+IDLE_SECONDS = 30.0
 #: Connections one client may open: its call uses one (more only if a stream
 #: was left unclosed).
 _CONNECTIONS = 4
@@ -192,8 +196,8 @@ def streaming(
     tools: list[dict[str, Any]] | None,
     settings: dict[str, Any],
 ) -> Iterator[openai.Stream[Any]]:
-    """Send the request; the SDK stream yielded gives OpenAI chunks (as
-    dicts) and is closed on leaving. Failures to send it are
+    """Send the request; the SDK stream yielded gives OpenAI chunks (dicts:
+    :func:`_stream_class`) and is closed on leaving. Failures to send it are
     :class:`~orchestrator.errors.ModelError`.
 
     ``settings`` are mapped for the provider and model by litellm
@@ -368,8 +372,9 @@ def _register_price(
 
 _ClientKey = tuple[Any, ...]
 
-#: Idle SDK clients, per endpoint, key and client options (:func:`_checkout`).
-_idle: dict[_ClientKey, list[openai.OpenAI]] = {}
+#: Idle SDK clients, per endpoint, key and client options (:func:`_checkout`),
+#: each with when it was returned, oldest first.
+_idle: dict[_ClientKey, deque[tuple[float, openai.OpenAI]]] = {}
 _idle_lock = threading.Lock()
 
 
@@ -406,18 +411,23 @@ def _checkout(key: _ClientKey, route: Route, timeout: Any, max_retries: int) -> 
     with _idle_lock:
         idle = _idle.get(key)
         if idle:
-            return idle.pop()
+            return idle.pop()[1]
     return _new_client(route, timeout, max_retries)
 
 
 def _checkin(key: _ClientKey, client: openai.OpenAI) -> None:
-    """Keep ``client`` for the next call, up to :data:`MAX_IDLE` an endpoint."""
+    """Keep ``client`` for the next call, up to :data:`MAX_IDLE` an endpoint;
+    close the clients left idle past :data:`IDLE_SECONDS` (after a burst:
+    their connections have expired, and the server has closed its end)."""
+    now = time.monotonic()
+    stale: list[openai.OpenAI] = []
     with _idle_lock:
-        idle = _idle.setdefault(key, [])
-        if len(idle) < MAX_IDLE:
-            idle.append(client)
-            return
-    client.close()
+        idle = _idle.setdefault(key, deque())
+        while idle and (len(idle) >= MAX_IDLE or now - idle[0][0] > IDLE_SECONDS):
+            stale.append(idle.popleft()[1])
+        idle.append((now, client))
+    for old in stale:
+        old.close()
 
 
 def _forget() -> None:

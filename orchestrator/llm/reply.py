@@ -201,9 +201,13 @@ def parse_arguments(arguments: str) -> dict[str, Any]:
 
 def _field(value: Any, name: str) -> Any:
     """A field of a chunk or of a part of one: the SDK path's chunks are the
-    provider's JSON (dicts), litellm's are objects; missing is None."""
+    provider's JSON (dicts), litellm's are objects; missing is None, and so
+    is any field of a JSON value that is not an object (a malformed chunk's
+    string has no ``index``)."""
     if isinstance(value, dict):
         return value.get(name)
+    if value is None or isinstance(value, (str, int, float, list)):
+        return None
     return getattr(value, name, None)
 
 

@@ -99,7 +99,7 @@ def test_without_a_cap_the_same_batch_runs_at_once(
     assert _answer_labels(answer) == [f"l{i}" for i in range(LANES)]
 
 
-def test_a_batchs_tool_tasks_keep_no_celery_result(
+def test_a_batchs_tool_tasks_keep_no_celery_result_or_subscription(
     client: Client, settings: Settings, workers: Any, lanes: WorkerProcess
 ) -> None:
     # Given a batch of parallel calls, run as a chord of tool tasks
@@ -107,12 +107,18 @@ def test_a_batchs_tool_tasks_keep_no_celery_result(
     job.result(timeout=90)
 
     # Then the chord joined them, yet Redis holds no Celery result of any
-    # (results live in Postgres; a stored one would be kept for a day)
+    # (results live in Postgres; a stored one would be kept for a day), and
+    # the worker that sent them keeps no subscription to one (each would
+    # hold memory in that worker for good: no result ever comes)
     calls = tool_calls(client, job.id)
     assert len(calls) == LANES and all(c.result for c in calls)
-    keys = [f"{settings.redis_prefix}:celery-task-meta-{c.id}" for c in calls]
+    results = f"{settings.redis_prefix}:celery-task-meta-"
     with redis.Redis.from_url(settings.redis_url) as r:
-        assert r.exists(*keys) == 0
+        assert r.exists(*[results + c.id for c in calls]) == 0
+        deadline = time.monotonic() + 10
+        while (subscribed := r.pubsub_channels(results + "*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert subscribed == []
 
 
 @pytest.mark.parametrize("cap", [0, -1, 2.5, "4", True])
