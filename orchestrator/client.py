@@ -199,11 +199,12 @@ class Client:
         return conversations.fork(self.runtime, _known(conversation_id))
 
     def clear(self, conversation_id: str) -> int:
-        """Delete the conversation's messages; returns how many."""
+        """Delete the conversation's messages and its plan; returns how many messages."""
         return conversations.clear(self.runtime, _known(conversation_id))
 
     def load(self, conversation_id: str, messages: list[Message] | list[dict[str, Any]]) -> int:
-        """Replace the conversation's history with ``messages`` (validated)."""
+        """Replace the conversation's history with ``messages`` (validated);
+        its plan is dropped."""
         return conversations.load(self.runtime, _known(conversation_id), messages)
 
     def usage(self, conversation_id: str) -> Usage:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import delete
 from sqlmodel import Session, col
@@ -32,9 +34,10 @@ def load_idle(session: Session, conversation_id: str) -> Conversation:
     return conv
 
 
-def _claim(session: Session, conv: Conversation) -> None:
-    """Bump the version, so a turn starting meanwhile loses its compare-and-set."""
-    if not move_cursor(session, conv):
+def _claim(session: Session, conv: Conversation, **values: Any) -> None:
+    """Bump the version, so a turn starting meanwhile loses its compare-and-set
+    (setting ``values`` on the conversation in the same update)."""
+    if not move_cursor(session, conv, **values):
         raise ConversationBusyError(conv.id)
 
 
@@ -51,10 +54,12 @@ def fork(rt: Runtime, conversation_id: str) -> str:
 
 
 def clear(rt: Runtime, conversation_id: str) -> int:
-    """Delete the conversation's messages; returns how many."""
+    """Delete the conversation's messages and its plan (the plan is its
+    agent's todo list for the work those messages hold); returns how many
+    messages."""
     with rt.session() as session:
         conv = load_idle(session, conversation_id)
-        _claim(session, conv)
+        _claim(session, conv, plan=None)
         result = session.execute(
             delete(MessageRow).where(col(MessageRow.conversation_id) == conversation_id)
         )
@@ -64,7 +69,8 @@ def clear(rt: Runtime, conversation_id: str) -> int:
 def load(
     rt: Runtime, conversation_id: str, messages: list[Message] | list[dict[str, object]]
 ) -> int:
-    """Replace the conversation's history with ``messages`` (validated)."""
+    """Replace the conversation's history with ``messages`` (validated), and
+    drop its plan, as :func:`clear` does."""
     if not isinstance(messages, list | tuple):
         raise InvalidRequestError("messages: a list of messages is required", ["messages"])
     check(messages, "messages")
@@ -75,7 +81,7 @@ def load(
         raise invalid(exc, "messages") from None
     with rt.session() as session:
         conv = load_idle(session, conversation_id)
-        _claim(session, conv)
+        _claim(session, conv, plan=None)
         session.execute(
             delete(MessageRow).where(col(MessageRow.conversation_id) == conversation_id)
         )

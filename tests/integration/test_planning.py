@@ -50,6 +50,9 @@ def test_the_plan_is_written_refused_corrected_and_read(client: Client, workers:
     ]
     assert client.plan(job.conversation_id) == plan
     assert job.plan() == plan
+    # and clearing the conversation drops the plan with the history it was made for
+    assert client.clear(job.conversation_id) > 0
+    assert client.plan(job.conversation_id) == []
 
 
 def test_planning_is_opt_in(client: Client, workers: Any) -> None:
