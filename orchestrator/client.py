@@ -280,8 +280,8 @@ class Job:
     def status(self) -> JobStatus:
         """Where the job stands; ``agent`` is the agent holding its turn (the
         last handoff's target, once its agent handed off)."""
-        with self._client.runtime.autocommit() as session:
-            turn = session.connection().execute(_STATUS, {"id": self.id}).one()
+        with self._client.runtime.autocommit() as connection:
+            turn = connection.execute(_STATUS, {"id": self.id}).one()
             return JobStatus(
                 job_id=turn.id,
                 conversation_id=turn.conversation_id,

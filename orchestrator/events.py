@@ -55,6 +55,8 @@ from sqlalchemy import (
 from sqlmodel import Session, col
 
 from orchestrator.keys import events_stream
+from orchestrator.store.db import Db, connection_of
+from orchestrator.store.direct import execute
 from orchestrator.store.tables import EventRow, table, utcnow
 from schemas import Event, EventName
 
@@ -331,12 +333,12 @@ class Outbox:
         session.flush()
         postgres = _dialect(session) == "postgresql"
         rows, params = self._take(postgres)
-        stored = session.connection().execute(_insert(len(rows), postgres), params).all()
+        stored = execute(session.connection(), _insert(len(rows), postgres), params).all()
         self._numbered(postgres, rows, stored)
 
     def flush_if(
         self,
-        session: Session,
+        db: Db,
         guard: Update,
         params: Mapping[str, Any] | None = None,
         riders: Riders | None = None,
@@ -354,13 +356,14 @@ class Outbox:
         one row, by its key: the statement reads it first, so that row is
         locked before any other (the one lock order); each rider writes
         only under the condition it is given."""
-        if _dialect(session) != "postgresql":
+        connection = connection_of(db)
+        if connection.dialect.name != "postgresql":
             raise ValueError("flush_if needs Postgres; use a transaction and flush")
         rows, values = self._take(postgres=True)
         if params:
             values.update(params)
         statement = _insert(len(rows), True, guard, riders)
-        stored = session.connection().execute(statement, values).all()
+        stored = execute(connection, statement, values).all()
         if not stored:
             self.numbered -= len(rows)
             return False

@@ -8,12 +8,13 @@ from functools import cached_property
 
 import redis
 from sqlalchemy import make_url
+from sqlalchemy.engine import Connection
 from sqlmodel import Session
 
 from orchestrator.errors import ConfigurationError
 from orchestrator.events import Outbox, publish_live
 from orchestrator.settings import Settings
-from orchestrator.store.db import Pool, session_scope
+from orchestrator.store.db import Pool, autocommit_scope, session_scope
 from schemas import Event
 
 
@@ -46,11 +47,11 @@ class Runtime:
             yield s
 
     @contextmanager
-    def autocommit(self) -> Iterator[Session]:
-        """A session whose every statement commits as it runs: for reads and
-        single-statement writes, without ``BEGIN``/``COMMIT`` round trips."""
-        with session_scope(self.settings.db_url, autocommit=True, pool=self.pool) as s:
-            yield s
+    def autocommit(self) -> Iterator[Connection]:
+        """A connection whose every statement commits as it runs: for reads
+        and single-statement writes, without ``BEGIN``/``COMMIT`` round trips."""
+        with autocommit_scope(self.settings.db_url, pool=self.pool) as connection:
+            yield connection
 
     @contextmanager
     def transaction(self, outbox: Outbox | None = None) -> Iterator[tuple[Session, Outbox]]:

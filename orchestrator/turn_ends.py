@@ -114,8 +114,7 @@ class TurnEnds:
 
     def _ended(self, ids: list[str]) -> list[str]:
         ended: list[str] = []
-        with self._runtime.autocommit() as session:
-            connection = session.connection()
+        with self._runtime.autocommit() as connection:
             statement = _ENDED_ANY if connection.dialect.name == "postgresql" else _ENDED_IN
             for start in range(0, len(ids), CHUNK):
                 rows = connection.execute(statement, {"ids": ids[start : start + CHUNK]})

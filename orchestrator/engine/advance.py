@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Row, Select, Update, bindparam, exists, null, select, update
-from sqlmodel import Session
+from sqlalchemy.engine import Connection
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from, move_from
@@ -22,6 +22,7 @@ from orchestrator.engine.prebuilt import (
 )
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.direct import execute
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, table
 from schemas import ConversationState, ToolResultBlock
 
@@ -47,15 +48,15 @@ def advance(
         "step": step,
         "segment": segment,
     }
-    with rt.autocommit() as session:
-        calls = run(session, _READY, params).all()
+    with rt.autocommit() as connection:
+        calls = run(connection, _READY, params).all()
         if not calls:
             return []
         last = max(c.segment for c in calls)
         handoff = handoff_in(calls)
-        if segment == last and handoff is None and returns_joined_rows(session):
+        if segment == last and handoff is None and returns_joined_rows(connection):
             ids = (conversation_id, turn_id, step)
-            moved = _finish_step(session, ids, segment, _results_message(ids, calls))
+            moved = _finish_step(connection, ids, segment, _results_message(ids, calls))
             return [RunStep(conversation_id, turn_id, step + 1, calls[0].priority)] if moved else []
     priority = calls[0].priority
     position = (turn_id, step, segment)
@@ -104,7 +105,7 @@ def _results_message(ids: tuple[str, str, int], calls: Sequence[Row[Any]]) -> di
 
 
 def _finish_step(
-    session: Session, ids: tuple[str, str, int], segment: int, message: dict[str, Any]
+    connection: Connection, ids: tuple[str, str, int], segment: int, message: dict[str, Any]
 ) -> bool:
     """Postgres: move the cursor past the step from its last ``segment``
     (the compare-and-set of :func:`move_cursor_from`) and, only if it moved,
@@ -118,7 +119,7 @@ def _finish_step(
     )
     params.update(message_params(message))
     # _CLEAR_RESULTS's where_turn_id and where_step are the move's: same names, same values
-    return session.execute(_finish_statement(move), params).first() is not None
+    return execute(connection, _finish_statement(move), params).first() is not None
 
 
 @lru_cache(maxsize=8)

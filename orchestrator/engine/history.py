@@ -41,8 +41,11 @@ from sqlmodel import Session, col, select
 
 from orchestrator import context
 from orchestrator.context import TransformContext
+from orchestrator.engine.prebuilt import run
 from orchestrator.llm.call import openai_messages, system_message
 from orchestrator.ratelimit import json_chars
+from orchestrator.store.db import Db, connection_of
+from orchestrator.store.direct import execute
 from orchestrator.store.tables import CheckpointRow, MessageRow, table
 from orchestrator.toolnames import alias
 from schemas import AgentSpec, Message, Role, Usage, content_blocks_adapter
@@ -238,7 +241,7 @@ cache = MessageCache(max_chars=64_000_000)
 
 
 def _load_stored(
-    session: Session, conversation_id: str, skip: bool
+    db: Db, conversation_id: str, skip: bool
 ) -> tuple[int | None, list[tuple[int, Stored]]]:
     """The boundary message id of the conversation's latest checkpoint (None:
     none, or no message read), and its messages in order, only from that
@@ -246,9 +249,9 @@ def _load_stored(
     cache's newest, and for any older one it does not hold (evicted, or
     committed late)."""
     newest = cache.newest(conversation_id)
-    connection = session.connection()  # plain rows: no ORM loading per row
-    rows = connection.execute(
-        _STORED, {"b_conv": conversation_id, "b_skip": skip, "b_newest": newest}
+    connection = connection_of(db)  # plain rows: no ORM loading per row
+    rows = execute(
+        connection, _STORED, {"b_conv": conversation_id, "b_skip": skip, "b_newest": newest}
     ).all()
     known = cache.get(conversation_id, [(row[0], row[1]) for row in rows])
     contents: dict[int, list[dict[str, Any]]] = {r[0]: r[6] for r in rows if r[6] is not None}
@@ -278,34 +281,32 @@ class Prompt:
     chars: int
 
 
-def _context(
-    session: Session, conversation_id: str, agent: AgentSpec
-) -> tuple[list[Message], list[Stored]]:
+def _context(db: Db, conversation_id: str, agent: AgentSpec) -> tuple[list[Message], list[Stored]]:
     # Only the checkpoint transformer looks at what precedes the boundary:
     # when it runs first, nothing before the boundary is loaded.
     skip = agent.context[:1] == ("checkpoint",)
-    boundary_id, loaded = _load_stored(session, conversation_id, skip)
+    boundary_id, loaded = _load_stored(db, conversation_id, skip)
     if skip and (not loaded or (boundary_id is not None and loaded[0][0] != boundary_id)):
         # the boundary is not this conversation's (as before: no summary)
-        boundary_id, loaded = _load_stored(session, conversation_id, False)
+        boundary_id, loaded = _load_stored(db, conversation_id, False)
     ids = [row_id for row_id, _ in loaded]
     boundary = ids.index(boundary_id) if boundary_id in ids else None
     summary = None
     if boundary_id is not None:  # a second statement only for a conversation with a checkpoint
-        found = session.execute(_SUMMARY, {"b_conv": conversation_id, "b_boundary": boundary_id})
+        found = run(db, _SUMMARY, {"b_conv": conversation_id, "b_boundary": boundary_id})
         summary = found.scalar()
     ctx = TransformContext(agent=agent, boundary=boundary, summary=summary)
     stored = [entry for _, entry in loaded]
     return context.apply([entry.message for entry in stored], ctx), stored
 
 
-def model_context(session: Session, conversation_id: str, agent: AgentSpec) -> list[Message]:
+def model_context(db: Db, conversation_id: str, agent: AgentSpec) -> list[Message]:
     """The history the model sees: stored messages through the agent's transformers."""
-    return _context(session, conversation_id, agent)[0]
+    return _context(db, conversation_id, agent)[0]
 
 
 def model_prompt(
-    session: Session,
+    db: Db,
     conversation_id: str,
     agent: AgentSpec,
     system: str,
@@ -320,7 +321,7 @@ def model_prompt(
     The dicts of stored messages are shared with the cache: the model
     client must not change them.
     """
-    history, stored = _context(session, conversation_id, agent)
+    history, stored = _context(db, conversation_id, agent)
     renamed = {q: a for q, a in (names or {}).items() if a != alias(q)}
     by_object = {id(entry.message): entry for entry in stored}
     messages = system_message(system)

@@ -107,8 +107,8 @@ class Heartbeat:
             "b_owners": list(held),
             "b_until": until,
         }
-        with self.rt.autocommit() as session:  # one statement: its own transaction
-            kept = set(session.execute(_RENEW, params).scalars())
+        with self.rt.autocommit() as connection:  # one statement: its own transaction
+            kept = set(connection.execute(_RENEW, params).scalars())
         for owner, lease in held.items():
             if owner not in kept:
                 log.warning("lease of %s lost to another owner", lease.conversation_id)

@@ -58,7 +58,7 @@ from orchestrator.errors import UnknownAgentError, UnknownToolError
 from orchestrator.events import ConversationIds, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.db import Db, returns_joined_rows
 from orchestrator.store.tables import (
     Conversation,
     MessageRow,
@@ -422,11 +422,11 @@ def _store_batch(
         **tree_params(usage, len(reply.tool_calls)),
     }
     message = _assistant_message(conversation_id, turn_id, step, reply)
-    with rt.autocommit() as session:
-        rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, (None, None))
+    with rt.autocommit() as connection:
+        rows, tasks = _call_rows(connection, outbox, (conv, turn), spec, step, reply, (None, None))
         new: list[NewRow] = [(MessageRow, message), *((ToolCallRow, row) for row in rows)]
         params.update(new_row_params(new))
-        stored = outbox.flush_if(session, STEP_MOVE, params, batch_riders(len(rows)))
+        stored = outbox.flush_if(connection, STEP_MOVE, params, batch_riders(len(rows)))
     if not stored:  # the lease was lost or the cursor moved while the model ran
         record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
         return []
@@ -462,7 +462,7 @@ def _record_calls(
 
 
 def _call_rows(
-    session: Session,
+    db: Db,
     outbox: Outbox,
     where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
     spec: AgentSpec,
@@ -518,7 +518,7 @@ def _call_rows(
         answer = (
             (refused, True)
             if refused is not None
-            else _answer_here(session, outbox, where, spec, row, handed)
+            else _answer_here(db, outbox, where, spec, row, handed)
         )
         if answer is not None:
             row["result"], row["is_error"] = answer
@@ -545,7 +545,7 @@ def _answered_here(spec: AgentSpec, tool: str) -> bool:
 
 
 def _answer_here(
-    session: Session,
+    db: Db,
     outbox: Outbox,
     where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
     spec: AgentSpec,
@@ -562,8 +562,9 @@ def _answer_here(
     if is_handoff_call(row["tool"]):
         return answer_handoff(ToolCallRow(**row), handed)
     conv, turn = where
-    assert isinstance(conv, Conversation) and isinstance(turn, Turn)  # see _one_statement
-    return update_plan(session, outbox, conv, turn, ToolCallRow(**row))
+    # see _one_statement: a plan update is in a transaction, of the rows it locked
+    assert isinstance(conv, Conversation) and isinstance(turn, Turn) and isinstance(db, Session)
+    return update_plan(db, outbox, conv, turn, ToolCallRow(**row))
 
 
 def _nudge(

@@ -17,7 +17,6 @@ from typing import Any, cast
 from pydantic_core import PydanticUndefined
 from sqlalchemy import (
     ColumnElement,
-    CursorResult,
     Executable,
     Insert,
     bindparam,
@@ -28,18 +27,21 @@ from sqlalchemy import (
 )
 from sqlmodel import Session, SQLModel
 
+from orchestrator.store.db import Db, connection_of
+from orchestrator.store.direct import Rows, execute
 from orchestrator.store.tables import CALL_FINISHED, MessageRow, table
 
 
-def run(session: Session, statement: Executable, params: Mapping[str, Any]) -> CursorResult[Any]:
-    """Execute ``statement`` in ``session``'s transaction.
+def run(db: Db, statement: Executable, params: Mapping[str, Any]) -> Rows:
+    """Execute ``statement`` in ``db``'s transaction, or on its own in an
+    autocommit connection (on the driver's connection:
+    :func:`orchestrator.store.direct.execute`).
 
-    The session's pending changes are flushed first, as an ORM statement's
+    A session's pending changes are flushed first, as an ORM statement's
     autoflush would: the statements reach the database in the same order,
     so rows are locked in the same order, as with the ORM statement this
     replaces."""
-    session.flush()
-    return session.connection().execute(statement, params)
+    return execute(connection_of(db), statement, params)
 
 
 def unfinished(status: ColumnElement[str]) -> ColumnElement[bool]:

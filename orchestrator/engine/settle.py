@@ -65,12 +65,12 @@ def settle(rt: Runtime, actions: list[Action]) -> list[Action]:
 def _not_needed(rt: Runtime, advances: list[RunAdvance], dequeues: list[Dequeue]) -> list[Action]:
     found: list[Action] = []
     if advances:
-        with rt.autocommit() as session:
+        with rt.autocommit() as connection:
             found += [
                 a
                 for a in advances
                 if run(
-                    session,
+                    connection,
                     _CALL_OUT,
                     {"turn_id": a.turn_id, "step": a.step, "segment": a.segment},
                 ).scalar()

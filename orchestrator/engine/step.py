@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import func
-from sqlmodel import Session, select
+from sqlmodel import select
 
 from orchestrator import registry, toolsets
 from orchestrator.engine.actions import Action, Revoke, RunStep
@@ -54,7 +54,7 @@ from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.db import Db, returns_joined_rows
 from orchestrator.store.tables import (
     EventRow,
     utcnow,
@@ -102,19 +102,17 @@ def _take_lease(
         "b_owner": owner,
         "b_until": now + timedelta(seconds=rt.settings.lease_seconds),
     }
-    with rt.autocommit() as session:
-        if returns_joined_rows(session):
-            found = run(session, TAKE_JOINED, params).first()
-        elif run(session, TAKE_ALONE, params).first() is not None:
-            found = run(session, LEASED, params).first()
+    with rt.autocommit() as connection:
+        if returns_joined_rows(connection):
+            found = run(connection, TAKE_JOINED, params).first()
+        elif run(connection, TAKE_ALONE, params).first() is not None:
+            found = run(connection, LEASED, params).first()
         else:
             found = None
         return None if found is None else leased(found)
 
 
-def _release_lease(
-    session: Session, conversation_id: str, owner: str | None = None, **values: Any
-) -> None:
+def _release_lease(db: Db, conversation_id: str, owner: str | None = None, **values: Any) -> None:
     """Give the model-call lease up (only if ``owner`` holds it, when given),
     setting ``values`` on the conversation in the same update. A Core
     update: a conversation object the session holds keeps its loaded
@@ -122,7 +120,7 @@ def _release_lease(
     params = {"b_conv": conversation_id, **{f"b_{k}": v for k, v in values.items()}}
     if owner is not None:
         params["b_owner"] = owner
-    session.execute(release(owner is not None, frozenset(values)), params)
+    run(db, release(owner is not None, frozenset(values)), params)
 
 
 def _past_max_steps(
@@ -159,15 +157,13 @@ class _Position(Protocol):
     def priority(self) -> int: ...
 
 
-def _defer(
-    session: Session, conv: _Position, countdown: float, owner: str | None = None
-) -> RunStep:
+def _defer(db: Db, conv: _Position, countdown: float, owner: str | None = None) -> RunStep:
     """Release the lease (only ``owner``'s, when given: outside a lock on
     the row) and record when the step is due again, so the sweeper does not
     take a countdown longer than the stall timeout for a lost task; return
     the step to send with that countdown."""
     assert conv.turn_id is not None
-    _release_lease(session, conv.id, owner, due_at=utcnow() + timedelta(seconds=countdown))
+    _release_lease(db, conv.id, owner, due_at=utcnow() + timedelta(seconds=countdown))
     return RunStep(conv.id, conv.turn_id, conv.cursor_step, conv.priority, countdown=countdown)
 
 
@@ -189,8 +185,8 @@ def run_step(
 
 def _give_up_lease(rt: Runtime, conversation_id: str, owner: str) -> None:
     try:
-        with rt.autocommit() as session:
-            _release_lease(session, conversation_id, owner)
+        with rt.autocommit() as connection:
+            _release_lease(connection, conversation_id, owner)
     except Exception:  # the database itself may be what failed; the lease then expires
         log.warning("could not release the lease of %s", conversation_id, exc_info=True)
 
@@ -213,8 +209,8 @@ def _run_step(
     over = exceeded(job)
     admitted = Outbox()  # llm.requested, stored with what this step stores next
     if over is not None:
-        with rt.autocommit() as session:
-            _release_lease(session, conversation_id, owner)
+        with rt.autocommit() as connection:
+            _release_lease(connection, conversation_id, owner)
         job_id = job.id
     else:
         tools_allowed = tool_calls_left(job) != 0
@@ -224,16 +220,16 @@ def _run_step(
             log.info("step %s of %s: lease lost while listing tools; leaving", step, turn_id)
             return []
         tools, names = offered or ([], {})
-        with rt.autocommit() as session:
-            prompt = model_prompt(session, conv.id, spec, system, names)
+        with rt.autocommit() as connection:
+            prompt = model_prompt(connection, conv.id, spec, system, names)
         messages = prompt.messages
         size = request_tokens(messages, tools, prompt.chars)
         fits = spec.context_tokens is None or size <= spec.context_tokens
         # past the context limit a checkpoint comes first, and admission after it
         wait = _admit(rt, admitted, conv, turn, step, spec, size) if fits else 0.0
         if wait > 0:
-            with rt.autocommit() as session:
-                return [_defer(session, conv, wait, owner)]
+            with rt.autocommit() as connection:
+                return [_defer(connection, conv, wait, owner)]
     correlation_id = turn.correlation_id
     root_id = conv.root_id
     context_data = turn.context_data

@@ -143,12 +143,12 @@ def run_tool(
     limit = spec.tool_output_limit
     view_chars = limit if archives(call.tool, result, limit) else None
 
-    with rt.autocommit() as session:
-        postgres = returns_joined_rows(session)
+    with rt.autocommit() as connection:
+        postgres = returns_joined_rows(connection)
         if postgres:  # the result and its events: one statement, one round trip
             _record_completion(started, call, turn, conv, result, is_error, view_chars)
             stored = started.flush_if(
-                session, RESULT, result_params(call.id, result, is_error, view_chars)
+                connection, RESULT, result_params(call.id, result, is_error, view_chars)
             )
     if not postgres:
         with rt.transaction(started) as (session, outbox):
@@ -176,8 +176,8 @@ def _claim(rt: Runtime, call_id: str, task_id: str | None) -> Claimed | None:
     its job is being stopped, or it is a subagent call: one conditional
     update committed on its own (:func:`orchestrator.engine.toolstatements.claim`).
     Returns what the task reads of the call, its turn and its conversation."""
-    with rt.autocommit() as session:
-        return claim(session, call_id, task_id)
+    with rt.autocommit() as connection:
+        return claim(connection, call_id, task_id)
 
 
 def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Action] | None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import bindparam, func, select, true, update
-from sqlmodel import Session
 
 from orchestrator.engine.prebuilt import unfinished
 from orchestrator.events import ConversationIds, TurnIds
-from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.db import Db, connection_of, returns_joined_rows
+from orchestrator.store.direct import execute
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
 from schemas import TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
@@ -144,13 +144,13 @@ RESULT = (
 )
 
 
-def claim(session: Session, call_id: str, task_id: str | None) -> Claimed | None:
+def claim(db: Db, call_id: str, task_id: str | None) -> Claimed | None:
     """Claim the call (see :data:`_CLAIM`): what the task reads of it, its
     turn and its conversation, or None if the claim did not take."""
-    connection = session.connection()
+    connection = connection_of(db)
     params = {"call_id": call_id, "claimed_at": utcnow(), "claiming_task": task_id}
-    if returns_joined_rows(session):
-        row = connection.execute(_CLAIM_JOINED, params).first()
+    if returns_joined_rows(connection):
+        row = execute(connection, _CLAIM_JOINED, params).first()
         if row is None:
             return None
         return (

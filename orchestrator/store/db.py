@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from sqlalchemy import event, exc
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 from sqlmodel import Session, create_engine
 
@@ -168,20 +168,41 @@ def _autocommit_engine(url: str, pool: Pool) -> Engine:
     return _engine(url, pool).execution_options(isolation_level="AUTOCOMMIT")
 
 
-def returns_joined_rows(session: Session) -> bool:
+#: Where a statement runs: a session, in its transaction, or a connection
+#: whose every statement commits as it runs (:func:`autocommit_scope`).
+Db = Session | Connection
+
+
+def connection_of(db: Db) -> Connection:
+    """The connection of ``db``; a session's pending changes flushed first,
+    as an ORM statement's autoflush would (statements reach the database,
+    and lock rows, in the order they were made)."""
+    if isinstance(db, Session):
+        db.flush()
+        return db.connection()
+    return db
+
+
+def returns_joined_rows(db: Db) -> bool:
     """Can an ``UPDATE … FROM`` return the rows of the tables it joins?
     Postgres can; SQLite returns only the updated table's columns."""
-    return session.get_bind().dialect.name == "postgresql"
+    bind = db.get_bind() if isinstance(db, Session) else db
+    return bind.dialect.name == "postgresql"
 
 
 @contextmanager
-def session_scope(
-    url: str, *, autocommit: bool = False, pool: Pool = DEFAULT_POOL
-) -> Iterator[Session]:
-    """A session whose transaction commits on success and rolls back on error;
-    with ``autocommit``, every statement commits as it runs."""
-    engine = autocommit_engine(url, pool) if autocommit else get_engine(url, pool)
-    with Session(engine, expire_on_commit=False) as session:
+def autocommit_scope(url: str, pool: Pool = DEFAULT_POOL) -> Iterator[Connection]:
+    """A connection whose every statement commits as it runs: for reads and
+    single-statement writes, without ``BEGIN``/``COMMIT`` round trips (and
+    without a session's unit of work, which costs about 40 µs of CPU)."""
+    with autocommit_engine(url, pool).connect() as connection:
+        yield connection
+
+
+@contextmanager
+def session_scope(url: str, *, pool: Pool = DEFAULT_POOL) -> Iterator[Session]:
+    """A session whose transaction commits on success and rolls back on error."""
+    with Session(get_engine(url, pool), expire_on_commit=False) as session:
         try:
             yield session
             session.commit()
