@@ -85,12 +85,18 @@ class _Prepared:
     processors; its row type and result processors once its first rows
     have shown the driver's column types."""
 
-    __slots__ = ("binds", "columns", "compiled", "results", "row_type", "sql")
+    __slots__ = ("binds", "columns", "compiled", "fixed", "results", "row_type", "sql")
 
-    def __init__(self, compiled: SQLCompiler, binds: tuple[tuple[str, _Processor], ...]) -> None:
+    def __init__(
+        self,
+        compiled: SQLCompiler,
+        binds: tuple[tuple[str, _Processor], ...],
+        fixed: dict[str, Any] | None,
+    ) -> None:
         self.compiled = compiled
         self.sql = compiled.string
         self.binds = binds
+        self.fixed = fixed
         # (name, type) of each result column, in order
         self.columns = [(c.keyname, c.type) for c in compiled._result_columns or ()]
         self.row_type: Any = None
@@ -145,7 +151,11 @@ def execute(
         return _through_sqlalchemy(connection, statement, params)
     if not connection.in_transaction():
         connection.begin()  # as SQLAlchemy's own execution would (autobegin)
-    values = prepared.compiled.construct_params(params or {})
+    fixed = prepared.fixed
+    if fixed is None:
+        values = prepared.compiled.construct_params(params or {})
+    else:  # what construct_params gives (a missing parameter: the driver's error)
+        values = {**fixed, **params} if params else dict(fixed)
     for name, process in prepared.binds:
         if name in values:
             values[name] = process(values[name])
@@ -213,8 +223,18 @@ def _prepare(statement: Executable, dialect: Dialect) -> _Prepared | None:
     ):
         return None  # SQL rewritten per run: SQLAlchemy's to do
     binds = {}  # by name: a parameter may be bound in several places
+    fixed: dict[str, Any] | None = {}  # the values of the parameters not given
     for bind, name in compiled.bind_names.items():
         process = bind.type.dialect_impl(dialect).bind_processor(dialect)
         if process is not None:
             binds[compiled.escaped_bind_names.get(name, name)] = process
-    return _Prepared(compiled, tuple(binds.items()))
+        if fixed is None:
+            continue
+        anonymous = str(bind.key).startswith("%(")  # a literal's: no caller names it
+        if bind.callable is not None or name in compiled.escaped_bind_names:
+            fixed = None  # valued at each run, or named apart: construct_params
+        elif name != bind.key and not (anonymous and not bind.required):
+            fixed = None  # a caller's key that is not the SQL's name: construct_params
+        elif not bind.required:
+            fixed[name] = bind.value
+    return _Prepared(compiled, tuple(binds.items()), fixed)
