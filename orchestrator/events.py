@@ -52,6 +52,7 @@ from sqlalchemy import (
     text,
     union_all,
 )
+from sqlalchemy.engine import Connection
 from sqlmodel import Session, col
 
 from orchestrator.keys import events_stream
@@ -243,6 +244,18 @@ def _insert(
     return _build_insert(count, postgres, (guard, riders), selected=guard is not None)
 
 
+def _stored(
+    connection: Connection, count: int, statement: Insert, params: Mapping[str, Any]
+) -> list[Any]:
+    """The rows ``statement``, the INSERT of ``count`` events, returned: a
+    reused statement runs on the driver (:func:`orchestrator.store.direct.execute`),
+    one built for this flush through SQLAlchemy (which caches its
+    compilation by the statement's structure, not by the object)."""
+    if count <= _REUSED_UP_TO:
+        return execute(connection, statement, params).all()
+    return list(connection.execute(statement, params).all())
+
+
 @lru_cache(maxsize=512)
 def _reused_insert(
     count: int, postgres: bool, guard: Update | None, riders: Riders | None
@@ -333,7 +346,7 @@ class Outbox:
         session.flush()
         postgres = _dialect(session) == "postgresql"
         rows, params = self._take(postgres)
-        stored = execute(session.connection(), _insert(len(rows), postgres), params).all()
+        stored = _stored(session.connection(), len(rows), _insert(len(rows), postgres), params)
         self._numbered(postgres, rows, stored)
 
     def flush_if(
@@ -363,7 +376,7 @@ class Outbox:
         if params:
             values.update(params)
         statement = _insert(len(rows), True, guard, riders)
-        stored = execute(connection, statement, values).all()
+        stored = _stored(connection, len(rows), statement, values)
         if not stored:
             self.numbered -= len(rows)
             return False

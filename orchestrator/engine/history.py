@@ -41,7 +41,6 @@ from sqlmodel import Session, col, select
 
 from orchestrator import context
 from orchestrator.context import TransformContext
-from orchestrator.engine.prebuilt import run
 from orchestrator.llm.call import openai_messages, system_message
 from orchestrator.ratelimit import json_chars
 from orchestrator.store.db import Db, connection_of
@@ -293,7 +292,9 @@ def _context(db: Db, conversation_id: str, agent: AgentSpec) -> tuple[list[Messa
     boundary = ids.index(boundary_id) if boundary_id in ids else None
     summary = None
     if boundary_id is not None:  # a second statement only for a conversation with a checkpoint
-        found = run(db, _SUMMARY, {"b_conv": conversation_id, "b_boundary": boundary_id})
+        found = execute(
+            connection_of(db), _SUMMARY, {"b_conv": conversation_id, "b_boundary": boundary_id}
+        )
         summary = found.scalar()
     ctx = TransformContext(agent=agent, boundary=boundary, summary=summary)
     stored = [entry for _, entry in loaded]

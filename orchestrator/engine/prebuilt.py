@@ -41,6 +41,8 @@ def run(db: Db, statement: Executable, params: Mapping[str, Any]) -> Rows:
     autoflush would: the statements reach the database in the same order,
     so rows are locked in the same order, as with the ORM statement this
     replaces."""
+    if isinstance(db, Session):
+        db.flush()
     return execute(connection_of(db), statement, params)
 
 

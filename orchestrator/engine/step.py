@@ -54,7 +54,8 @@ from orchestrator.logs import bind, redact
 from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import Db, returns_joined_rows
+from orchestrator.store.db import Db, connection_of, returns_joined_rows
+from orchestrator.store.direct import execute
 from orchestrator.store.tables import (
     EventRow,
     utcnow,
@@ -120,7 +121,7 @@ def _release_lease(db: Db, conversation_id: str, owner: str | None = None, **val
     params = {"b_conv": conversation_id, **{f"b_{k}": v for k, v in values.items()}}
     if owner is not None:
         params["b_owner"] = owner
-    run(db, release(owner is not None, frozenset(values)), params)
+    execute(connection_of(db), release(owner is not None, frozenset(values)), params)
 
 
 def _past_max_steps(

@@ -174,13 +174,9 @@ Db = Session | Connection
 
 
 def connection_of(db: Db) -> Connection:
-    """The connection of ``db``; a session's pending changes flushed first,
-    as an ORM statement's autoflush would (statements reach the database,
-    and lock rows, in the order they were made)."""
-    if isinstance(db, Session):
-        db.flush()
-        return db.connection()
-    return db
+    """The connection ``db`` runs its statements on (a session's, in its
+    transaction)."""
+    return db.connection() if isinstance(db, Session) else db
 
 
 def returns_joined_rows(db: Db) -> bool:

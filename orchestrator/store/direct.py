@@ -4,27 +4,36 @@ SQLAlchemy runs a statement it has already compiled (and cached) at a cost
 of about 60 µs of CPU on top of the driver's: an execution context, result
 metadata built from the cursor's description, the parameters looked up
 and processed, and event dispatch. A 4-tool step runs 13 statements, all
-built once at module level, so they run here instead (:func:`execute`):
+built once (at import, or by a bounded cache), so they run here instead
+(:func:`execute`):
 
 - each statement is compiled once per dialect (its SQL and the bind and
-  result processors of its types, as SQLAlchemy would use them);
-- the parameters go through :meth:`~sqlalchemy.sql.compiler.SQLCompiler.construct_params`
-  and the same bind processors, the driver's cursor runs the SQL on the
-  SQLAlchemy connection's own driver connection (its transaction, or its
-  autocommit mode, are untouched), and the rows come back through the same
-  result processors, as named tuples (attribute, index and slice access,
-  as SQLAlchemy's rows).
+  result processors of its types, as SQLAlchemy would use them), in a
+  bounded cache keyed by the statement object: a statement built for one
+  run only goes to SQLAlchemy (``connection.execute``), which caches by
+  the statement's structure;
+- the parameters are the caller's over the statement's own fixed values
+  (what :meth:`~sqlalchemy.sql.compiler.SQLCompiler.construct_params`
+  gives; that method itself where a parameter's SQL name is not its key),
+  through the same bind processors; the driver's cursor runs the SQL on
+  the SQLAlchemy connection's own driver connection (its transaction, or
+  its autocommit mode, untouched), and the rows come back through the same
+  result processors, as named tuples: index and slice access as
+  SQLAlchemy's rows, attribute access by the column's key (a key that is
+  not a Python name, or repeated, is reached by position).
 
-A driver error goes through the SQLAlchemy connection's own error
-handling, so callers see what they saw before: SQLAlchemy's exception
-(``IntegrityError``, ``OperationalError`` …) and, for a dropped connection,
-the connection and the pool's older ones invalidated.
+An error goes through the SQLAlchemy connection's own error handling, so
+callers see what they saw before: SQLAlchemy's exception (``IntegrityError``,
+``OperationalError``, ``StatementError`` for a bad parameter …) and, for a
+dropped connection, the connection and the pool's older ones invalidated.
 
 The statement runs through SQLAlchemy itself, as before, when it cannot run
-as compiled (an expanding ``IN`` parameter, a list of parameter sets),
-when the engine has cursor or error listeners (they are given
-SQLAlchemy's execution context), when SQLAlchemy's SQL logging is on, and
-on a SQLAlchemy without the connection's error handling used here.
+as compiled (an expanding ``IN`` parameter), when the engine has execute,
+cursor or error listeners (they are given SQLAlchemy's execution context),
+when the connection has a schema translation, when SQLAlchemy's SQL
+logging is on, on a dialect without named ``%(name)s`` parameters
+(SQLite), and on a SQLAlchemy without the connection's error handling used
+here.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from __future__ import annotations
 import logging
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import exc
@@ -112,7 +122,7 @@ class _Prepared:
         if results is None:
             return [make(row) for row in rows]
         return [
-            make([v if p is None or v is None else p(v) for p, v in zip(results, row, strict=True)])
+            make([v if p is None else p(v) for p, v in zip(results, row, strict=True)])
             for row in rows
         ]
 
@@ -129,14 +139,13 @@ class _Prepared:
         self.row_type = namedtuple("Row", [name for name, _ in self.columns], rename=True)  # type: ignore[misc]
 
 
-#: Per statement and dialect name: the statement prepared, or None
-#: (SQLAlchemy runs it).
-_prepared: dict[tuple[Executable, str], _Prepared | None] = {}
-
 #: What is used here of SQLAlchemy's own: a connection's handling of a driver
 #: error (its exception, a dropped connection invalidated) and a compiled
 #: statement's result columns. A SQLAlchemy without them runs everything.
 _USABLE = hasattr(Connection, "_handle_dbapi_exception") and hasattr(SQLCompiler, "_result_columns")
+#: Statements kept prepared: more than the hot paths build (the builders'
+#: own caches hold about 700), fewer than would hold much memory.
+PREPARED = 1024
 
 
 def execute(
@@ -151,18 +160,21 @@ def execute(
         return _through_sqlalchemy(connection, statement, params)
     if not connection.in_transaction():
         connection.begin()  # as SQLAlchemy's own execution would (autobegin)
-    fixed = prepared.fixed
-    if fixed is None:
-        values = prepared.compiled.construct_params(params or {})
-    else:  # what construct_params gives (a missing parameter: the driver's error)
-        values = {**fixed, **params} if params else dict(fixed)
-    for name, process in prepared.binds:
-        if name in values:
-            values[name] = process(values[name])
-    driver = connection.connection.driver_connection
-    assert driver is not None
     sql = prepared.sql
-    cursor = driver.cursor()
+    try:
+        fixed = prepared.fixed
+        if fixed is None:
+            values = prepared.compiled.construct_params(params or {})
+        else:  # what construct_params gives (a missing parameter: the driver's error)
+            values = {**fixed, **params} if params else dict(fixed)
+        for name, process in prepared.binds:
+            if name in values:
+                values[name] = process(values[name])
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        cursor = driver.cursor()
+    except BaseException as error:  # a bad parameter, or a connection already lost
+        connection._handle_dbapi_exception(error, sql, params, None, None)
     try:
         cursor.execute(sql, values)
         description = cursor.description
@@ -184,13 +196,11 @@ def runs_directly(connection: Connection, statement: Executable) -> bool:
     return _prepared_for(statement, connection.dialect) is not None and not _observed(connection)
 
 
+@lru_cache(maxsize=PREPARED)
 def _prepared_for(statement: Executable, dialect: Dialect) -> _Prepared | None:
-    key = (statement, dialect.name)
-    try:
-        return _prepared[key]
-    except KeyError:
-        prepared = _prepared[key] = _prepare(statement, dialect)
-        return prepared
+    """``statement`` prepared for ``dialect`` (an engine's: its driver's
+    SQL and processors), or None: SQLAlchemy runs it."""
+    return _prepare(statement, dialect)
 
 
 def _through_sqlalchemy(
@@ -202,12 +212,16 @@ def _through_sqlalchemy(
 
 
 def _observed(connection: Connection) -> bool:
-    """Does anything watch SQLAlchemy's execution of statements?"""
+    """Does anything watch, or change, SQLAlchemy's execution of statements?"""
     dispatch = connection.dispatch
     return bool(
-        dispatch.before_cursor_execute
+        dispatch.before_execute
+        or dispatch.after_execute
+        or dispatch.before_cursor_execute
         or dispatch.after_cursor_execute
         or connection.dialect.dispatch.handle_error
+        or connection.dialect.dispatch.do_execute
+        or "schema_translate_map" in connection.get_execution_options()
         or connection.engine.logger.isEnabledFor(logging.INFO)
     )
 

@@ -8,12 +8,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import bindparam, event, func, insert, select
-from sqlalchemy.engine import Connection
+from sqlalchemy import Float, bindparam, event, func, insert, select, type_coerce
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.types import TypeDecorator
 
 from orchestrator import Client, Settings
 from orchestrator.engine.failures import is_transient
+from orchestrator.engine.prebuilt import run
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import get_engine
 from orchestrator.store.direct import execute, runs_directly
@@ -25,8 +27,21 @@ pytestmark = pytest.mark.integration
 _CONVERSATION = table(Conversation)
 _MESSAGE = table(MessageRow)
 
+
+class Marked(TypeDecorator[float]):
+    """A type whose result processing shows: NULL is -1, a number + 1000."""
+
+    impl = Float
+    cache_ok = True
+
+    def process_result_value(self, value: float | None, dialect: Dialect) -> float:
+        return -1.0 if value is None else value + 1000
+
+
 #: JSON objects and lists, tz-aware and NULL times, floats and NULL floats,
-#: two columns of one name (``id``), and a labelled expression.
+#: two columns of one name (``id``), labelled expressions, a type whose
+#: result processor changes every value (NULL too), and a parameter whose
+#: SQL name is not its key (``b plus`` is escaped in the SQL).
 _READ = (
     select(
         _CONVERSATION.c.id,
@@ -39,13 +54,15 @@ _READ = (
         _MESSAGE.c.content,
         _MESSAGE.c.cost_usd.label("message_cost"),
         _MESSAGE.c.created_at,
-        (_MESSAGE.c.id + bindparam("plus")).label("shifted"),
+        (_MESSAGE.c.id + bindparam("b plus")).label("shifted"),
+        type_coerce(_MESSAGE.c.cost_usd, Marked).label("marked"),
     )
     .join(_MESSAGE, _MESSAGE.c.conversation_id == _CONVERSATION.c.id)
     .where(_CONVERSATION.c.id == bindparam("conversation_id"))
     .order_by(_MESSAGE.c.id)
 )
 _BACKEND = select(func.pg_backend_pid())
+_COUNT = select(func.count()).select_from(_MESSAGE).where(_MESSAGE.c.id == bindparam("id"))
 #: A message row given its id: a second insert of one id breaks the key.
 _INSERT_MESSAGE = insert(_MESSAGE).values(
     id=bindparam("id"),
@@ -69,13 +86,15 @@ def test_rows_read_directly_are_sqlalchemys_rows(
     client: Client, workers: dict[str, WorkerProcess]
 ) -> None:
     conversation_id = _finished_conversation(client)
-    params = {"conversation_id": conversation_id, "plus": 10}
+    params = {"conversation_id": conversation_id, "b plus": 10}
     with client.runtime.autocommit() as connection:
         assert runs_directly(connection, _READ)
         direct = execute(connection, _READ, params).all()
         through = connection.execute(_READ, params).all()
     assert len(direct) >= 2  # the user's message and the answer
+    assert -1.0 in [row.marked for row in direct]  # the user's message has no cost
     for mine, theirs in zip(direct, through, strict=True):
+        assert mine._fields == theirs._fields
         assert tuple(mine) == tuple(theirs)
         assert [type(v) for v in mine] == [type(v) for v in theirs]
         assert mine.progress_at.tzinfo is not None and mine.created_at.tzinfo is not None
@@ -90,7 +109,7 @@ def test_a_broken_key_is_sqlalchemys_integrity_error(
 ) -> None:
     conversation_id = _finished_conversation(client)
     with client.runtime.autocommit() as connection:
-        newest = execute(connection, _READ, {"conversation_id": conversation_id, "plus": 0})
+        newest = execute(connection, _READ, {"conversation_id": conversation_id, "b plus": 0})
         taken = newest.all()[-1][6]
         row: dict[str, Any] = {
             "id": taken,
@@ -119,6 +138,7 @@ def test_a_dropped_connection_is_invalidated_and_the_next_one_works(
     with rt.autocommit() as connection:
         # the pool hands out its latest connection again: the one just killed
         assert connection.connection.driver_connection.info.backend_pid == pid  # type: ignore[union-attr]
+        assert runs_directly(connection, _BACKEND)
         with pytest.raises(OperationalError) as raised:
             execute(connection, _BACKEND)
         assert connection.invalidated
@@ -149,3 +169,30 @@ def test_listeners_on_the_engine_see_every_statement(settings: Settings) -> None
 
 def _libpq_url(settings: Settings) -> str:
     return settings.db_url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def test_in_a_session_statements_share_its_transaction(
+    client: Client, workers: dict[str, WorkerProcess]
+) -> None:
+    conversation_id = _finished_conversation(client)
+    rt = client.runtime
+    with rt.autocommit() as connection:
+        rows = execute(connection, _READ, {"conversation_id": conversation_id, "b plus": 0})
+        free = rows.all()[-1][6] + 1000
+    row: dict[str, Any] = {
+        "id": free,
+        "conversation_id": conversation_id,
+        "turn_id": "t" * 32,
+        "content": [{"type": "text", "text": "kept?"}],
+        "created_at": utcnow(),
+    }
+    with rt.session() as session:
+        assert runs_directly(session.connection(), _INSERT_MESSAGE)
+        run(session, _INSERT_MESSAGE, row)
+        assert run(session, _COUNT, {"id": free}).scalar_one() == 1  # seen in the transaction
+        session.rollback()
+    with rt.session() as session:
+        assert run(session, _COUNT, {"id": free}).scalar_one() == 0  # rolled back
+        run(session, _INSERT_MESSAGE, row)
+    with rt.autocommit() as connection:
+        assert execute(connection, _COUNT, {"id": free}).scalar_one() == 1  # committed
