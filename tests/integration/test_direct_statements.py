@@ -82,6 +82,20 @@ def _finished_conversation(client: Client) -> str:
     return job.conversation_id
 
 
+def _message(client: Client, conversation_id: str, past_newest: int) -> dict[str, Any]:
+    """A message row of the conversation whose id is its newest's + ``past_newest``."""
+    with client.runtime.autocommit() as connection:
+        rows = execute(connection, _READ, {"conversation_id": conversation_id, "b plus": 0})
+        newest = rows.all()[-1][6]
+    return {
+        "id": newest + past_newest,
+        "conversation_id": conversation_id,
+        "turn_id": "t" * 32,
+        "content": [{"type": "text", "text": "again"}],
+        "created_at": utcnow(),
+    }
+
+
 def test_rows_read_directly_are_sqlalchemys_rows(
     client: Client, workers: dict[str, WorkerProcess]
 ) -> None:
@@ -107,17 +121,8 @@ def test_rows_read_directly_are_sqlalchemys_rows(
 def test_a_broken_key_is_sqlalchemys_integrity_error(
     client: Client, workers: dict[str, WorkerProcess]
 ) -> None:
-    conversation_id = _finished_conversation(client)
+    row = _message(client, _finished_conversation(client), 0)  # the newest's id: taken
     with client.runtime.autocommit() as connection:
-        newest = execute(connection, _READ, {"conversation_id": conversation_id, "b plus": 0})
-        taken = newest.all()[-1][6]
-        row: dict[str, Any] = {
-            "id": taken,
-            "conversation_id": conversation_id,
-            "turn_id": "t" * 32,
-            "content": [{"type": "text", "text": "again"}],
-            "created_at": utcnow(),
-        }
         assert runs_directly(connection, _INSERT_MESSAGE)
         with pytest.raises(IntegrityError) as raised:
             execute(connection, _INSERT_MESSAGE, row)
@@ -174,18 +179,9 @@ def _libpq_url(settings: Settings) -> str:
 def test_in_a_session_statements_share_its_transaction(
     client: Client, workers: dict[str, WorkerProcess]
 ) -> None:
-    conversation_id = _finished_conversation(client)
+    row = _message(client, _finished_conversation(client), 1000)  # a free id
+    free = row["id"]
     rt = client.runtime
-    with rt.autocommit() as connection:
-        rows = execute(connection, _READ, {"conversation_id": conversation_id, "b plus": 0})
-        free = rows.all()[-1][6] + 1000
-    row: dict[str, Any] = {
-        "id": free,
-        "conversation_id": conversation_id,
-        "turn_id": "t" * 32,
-        "content": [{"type": "text", "text": "kept?"}],
-        "created_at": utcnow(),
-    }
     with rt.session() as session:
         assert runs_directly(session.connection(), _INSERT_MESSAGE)
         run(session, _INSERT_MESSAGE, row)
