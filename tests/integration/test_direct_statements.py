@@ -4,11 +4,12 @@ a dropped connection invalidated, and listeners that see every statement."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Float, bindparam, event, func, insert, select, type_coerce
+from sqlalchemy import Float, bindparam, delete, event, func, insert, select, type_coerce
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.types import TypeDecorator
@@ -63,6 +64,7 @@ _READ = (
 )
 _BACKEND = select(func.pg_backend_pid())
 _COUNT = select(func.count()).select_from(_MESSAGE).where(_MESSAGE.c.id == bindparam("id"))
+_DELETE = delete(_MESSAGE).where(_MESSAGE.c.id == bindparam("id"))
 #: A message row given its id: a second insert of one id breaks the key.
 _INSERT_MESSAGE = insert(_MESSAGE).values(
     id=bindparam("id"),
@@ -82,13 +84,14 @@ def _finished_conversation(client: Client) -> str:
     return job.conversation_id
 
 
-def _message(client: Client, conversation_id: str, past_newest: int) -> dict[str, Any]:
-    """A message row of the conversation whose id is its newest's + ``past_newest``."""
+def _message(client: Client, conversation_id: str, taken: bool) -> dict[str, Any]:
+    """A message row of the conversation whose id is its newest's (``taken``)
+    or one the id sequence never gives (negative: the database is shared)."""
     with client.runtime.autocommit() as connection:
         rows = execute(connection, _READ, {"conversation_id": conversation_id, "b plus": 0})
         newest = rows.all()[-1][6]
     return {
-        "id": newest + past_newest,
+        "id": newest if taken else -secrets.randbelow(1 << 30) - 1,
         "conversation_id": conversation_id,
         "turn_id": "t" * 32,
         "content": [{"type": "text", "text": "again"}],
@@ -121,7 +124,7 @@ def test_rows_read_directly_are_sqlalchemys_rows(
 def test_a_broken_key_is_sqlalchemys_integrity_error(
     client: Client, workers: dict[str, WorkerProcess]
 ) -> None:
-    row = _message(client, _finished_conversation(client), 0)  # the newest's id: taken
+    row = _message(client, _finished_conversation(client), taken=True)
     with client.runtime.autocommit() as connection:
         assert runs_directly(connection, _INSERT_MESSAGE)
         with pytest.raises(IntegrityError) as raised:
@@ -179,7 +182,7 @@ def _libpq_url(settings: Settings) -> str:
 def test_in_a_session_statements_share_its_transaction(
     client: Client, workers: dict[str, WorkerProcess]
 ) -> None:
-    row = _message(client, _finished_conversation(client), 1000)  # a free id
+    row = _message(client, _finished_conversation(client), taken=False)
     free = row["id"]
     rt = client.runtime
     with rt.session() as session:
@@ -192,3 +195,4 @@ def test_in_a_session_statements_share_its_transaction(
         run(session, _INSERT_MESSAGE, row)
     with rt.autocommit() as connection:
         assert execute(connection, _COUNT, {"id": free}).scalar_one() == 1  # committed
+        execute(connection, _DELETE, {"id": free})
