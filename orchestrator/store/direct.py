@@ -49,8 +49,6 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
-log = logging.getLogger(__name__)
-
 _Processor = Callable[[Any], Any]
 
 
