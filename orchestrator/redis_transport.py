@@ -10,6 +10,8 @@ that survives its broker.
   takes a connection from the pool), so this channel builds its client once.
 * A channel keeps the parameters of its connection (a Redis restart killed
   every worker holding a task: :meth:`Channel._connparams`).
+* A channel closed because its connection was lost keeps the messages of
+  the tasks still running (:meth:`QoS.restore_unacked`).
 * A message popped from a queue that cannot be decoded or delivered is
   logged, counted and dropped (it killed the worker:
   :meth:`Channel._brpop_read`).
@@ -25,6 +27,7 @@ from queue import Empty
 from typing import Any
 
 import redis as redis_py
+from celery.worker import state
 from kombu.transport import redis
 
 from orchestrator.keys import dropped_messages
@@ -45,7 +48,34 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class QoS(redis.QoS):
+    def restore_unacked(self, client: Any = None) -> Any:
+        """Put the channel's unacknowledged messages back on their queues,
+        but those of tasks still running, unless the worker is shutting down.
+
+        Kombu restores every message a channel holds when it closes. Celery
+        closes the channel when the broker connection is lost, but a task
+        that is running goes on: restored, its message was taken by another
+        slot and the running tool ran twice at once. Its message now stays
+        in the unacknowledged set, and its task acknowledges it when it ends
+        (if the worker dies first, Redis hands it out again after the
+        visibility timeout, and the sweeper re-sends its position before).
+        The others (received but not started, held until their countdown)
+        are restored at once as before, and so is everything when the worker
+        stops.
+        """
+        if state.should_stop in (None, False) and state.should_terminate in (None, False):
+            running = {r.message.delivery_tag for r in tuple(state.active_requests)}
+            kept = running.intersection(self._delivered)
+            for tag in kept:
+                del self._delivered[tag]
+            if kept:
+                log.info("kept %d message(s) of running tasks unacknowledged", len(kept))
+        return super().restore_unacked(client)
+
+
 class Channel(redis.Channel):
+    QoS = QoS
     _shared: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

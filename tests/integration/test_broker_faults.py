@@ -2,7 +2,8 @@
 
 (a) Redis (AOF, as compose runs it) killed -9 and restarted while a model
     call and a tool run: plain `chorus worker` processes (no supervisor)
-    stay up, reconnect, and finish both calls once;
+    stay up, reconnect, and finish both calls once; the same when their
+    connections are cut while Redis stays up;
 (b) bytes that are not a message pushed onto a queue's list: the worker
     logs, counts and drops each, and goes on.
 """
@@ -59,6 +60,15 @@ def _answers_ping(client: Client, worker: WorkerProcess) -> None:
         worker.wait_ready(client, 30)
 
 
+def _wait_running_tool(client: Client, conversation_id: str, worker: WorkerProcess) -> None:
+    _wait(
+        "the tool started",
+        lambda: any(c.status == "running" for c in _tool_calls(client, conversation_id)),
+        60,
+        worker,
+    )
+
+
 def _tool_calls(client: Client, conversation_id: str) -> list[ToolCallRow]:
     with client.runtime.session() as s:
         return list(
@@ -94,14 +104,7 @@ def test_workers_survive_a_redis_restart_and_finish_their_running_calls(
             # and a tool in flight (it sleeps 10 s)
             sleeping = client.submit("fleet-batch", f"1 {CALL_SECONDS}")
             _wait("the model call started", lambda: llm.received, 60, llm_worker)
-            _wait(
-                "the tool started",
-                lambda: any(
-                    c.status == "running" for c in _tool_calls(client, sleeping.conversation_id)
-                ),
-                60,
-                tools_worker,
-            )
+            _wait_running_tool(client, sleeping.conversation_id, tools_worker)
 
             # When Redis is killed -9 and comes back 2 s later
             server.kill()
@@ -125,6 +128,19 @@ def test_workers_survive_a_redis_restart_and_finish_their_running_calls(
             broker = redis.Redis.from_url(server.url)
             unacked = f"{settings.redis_prefix}:unacked"
             _wait("every message acknowledged", lambda: broker.hlen(unacked) == 0, 30)
+
+            # When the workers' connections are cut while Redis stays up (a
+            # proxy or the network dropping them) with a tool running
+            cut = client.submit("fleet-batch", "1 5")
+            _wait_running_tool(client, cut.conversation_id, tools_worker)
+            assert broker.client_kill_filter(_type="normal", skipme=True) > 0
+            # Then the worker reconnects and keeps the running tool's message
+            # (kombu put it back on its queue, and a second slot ran the tool
+            # again at once): the tool runs once and the job completes
+            assert cut.result(timeout=60) == "slept 1"
+            assert [c.attempts for c in _tool_calls(client, cut.conversation_id)] == [1]
+            _wait("every message acknowledged", lambda: broker.hlen(unacked) == 0, 30)
+            _alive(llm_worker, tools_worker)
         finally:
             llm_worker.stop()
             tools_worker.stop()
