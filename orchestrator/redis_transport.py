@@ -64,7 +64,8 @@ class QoS(redis.QoS):
         are restored at once as before, and so is everything when the worker
         stops.
         """
-        if state.should_stop in (None, False) and state.should_terminate in (None, False):
+        flags = (state.should_stop, state.should_terminate)  # an exit status once set (0 too)
+        if all(flag is None or flag is False for flag in flags):
             running = {r.message.delivery_tag for r in tuple(state.active_requests)}
             kept = running.intersection(self._delivered)
             for tag in kept:

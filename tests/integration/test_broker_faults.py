@@ -13,12 +13,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import redis
+from celery.worker import state
+from kombu import Producer, Queue
 from sqlmodel import select
 
-from orchestrator import Client
+from orchestrator import Client, Settings
+from orchestrator.celery_conf import make_celery
 from orchestrator.keys import dropped_messages
 from orchestrator.metrics import ChorusCollector
 from orchestrator.store.tables import ToolCallRow
@@ -219,3 +223,36 @@ def test_undeliverable_messages_are_logged_counted_and_dropped(
     assert log.count("dropped a broker message that cannot be decoded") == len(UNDELIVERABLE)
     assert "Unrecoverable error" not in log
     assert "Connection to broker lost" not in log  # no message passes for a lost connection
+
+
+@pytest.mark.parametrize("stopping", [None, 0], ids=["connection-lost", "warm-shutdown"])
+def test_a_closing_channel_keeps_the_messages_of_running_tasks_unless_the_worker_stops(
+    services: Services, monkeypatch: pytest.MonkeyPatch, stopping: int | None
+) -> None:
+    # Given a channel holding two unacknowledged messages, one of a task
+    # that runs in this worker
+    prefix = f"{services.redis_prefix}-qos-{stopping}"
+    app = make_celery(Settings(redis_url=services.redis_url, redis_prefix=prefix))
+    broker = redis.Redis.from_url(services.redis_url)
+    with app.connection_for_write() as connection:
+        channel = connection.channel()
+        queue = Queue("qos", routing_key="qos")
+        for body in ("running", "waiting"):
+            Producer(channel).publish(body, routing_key="qos", declare=[queue])
+        running, waiting = (channel.basic_get("qos", no_ack=False) for _ in range(2))
+        monkeypatch.setattr(state, "active_requests", [SimpleNamespace(message=running)])
+        # (state.should_stop is the exit status once a warm shutdown began: 0)
+        monkeypatch.setattr(state, "should_stop", stopping)
+
+        # When the channel's messages are restored (as its close does)
+        channel.qos.restore_unacked()
+
+    # Then the waiting one is back on its queue; the running one stays
+    # unacknowledged for its task to acknowledge, unless the worker stops
+    queued = [json.loads(m)["body"] for m in broker.lrange(f"{prefix}:qos", 0, -1)]
+    unacked = broker.hkeys(f"{prefix}:unacked")
+    if stopping is None:
+        assert len(queued) == 1 and unacked == [running.delivery_tag.encode()]
+    else:
+        assert len(queued) == 2 and unacked == []
+    assert waiting.delivery_tag.encode() not in unacked
