@@ -118,14 +118,15 @@ class Channel(redis.Channel):
         """Read the message a BRPOP popped and deliver it.
 
         Anything but a broker error (:data:`BROKER_ERRORS`) raised while
-        decoding or delivering it (bytes that are not JSON, an envelope without its
-        properties or with a body that is not base64, a header Celery cannot
-        use) concerns that one message only: kombu let it end the worker
-        ("Unrecoverable error"), so anyone able to push to a queue could stop
-        the fleet. Such a message is already off its list; it is logged,
-        counted under :func:`orchestrator.keys.dropped_messages` and dropped
-        (if it reached the unacknowledged set, it is taken out again), and
-        the worker goes on. A message Celery itself refuses (an unknown
+        decoding or delivering it (bytes that are not JSON, an envelope
+        without its properties or delivery info, nesting past the recursion
+        limit, a task name Celery cannot look up) concerns that one message
+        only: kombu let it end the worker ("Unrecoverable error"), so anyone
+        able to push to a queue could stop the fleet. Such a message is
+        already off its list; it is logged, counted under
+        :func:`orchestrator.keys.dropped_messages` and dropped (if it reached
+        the unacknowledged set, it is taken out again), and the worker goes
+        on. A message Celery itself refuses (an unknown
         task, a content type not accepted) never gets here: Celery logs and
         acknowledges it.
         """
