@@ -65,6 +65,10 @@ def _event_names(client: Client, job: Job) -> list[str]:
 def test_cancel_cuts_tools_running_in_a_threads_worker(
     client: Client, workers: Any, cut_worker: WorkerProcess
 ) -> None:
+    # (The issue's report: a cancel sent once a follower saw both tools'
+    # tool.started found them completed. tool.started is stored with the
+    # result, so it was seen only then; the stop itself reaches tools in a
+    # threads pool, which this guards: the shared tools worker is prefork.)
     # Given a job whose root runs a 30 s tool beside a subagent running
     # another, both in a threads worker
     job = client.submit("cut-lead", "work")
