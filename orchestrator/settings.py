@@ -74,6 +74,13 @@ class Settings(BaseSettings):
         "is given up after about stall_timeout * 2**(max_redispatches + 1).",
     )
     sweep_interval: float = Field(default=30.0, description="Seconds between sweeps (beat).")
+    max_tool_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Runs of one tool call whose process died (or whose result was lost) "
+        "before the call ends with an error result the model sees (tool.failed) instead "
+        "of running again.",
+    )
     event_stream_maxlen: int = Field(
         default=10_000, description="Approximate cap of each root's live Redis Stream."
     )
