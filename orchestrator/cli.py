@@ -334,10 +334,22 @@ def cancel_job(job_id: str) -> None:
 
 
 @app.command()
-def send(conversation: str, text: str) -> None:
-    """Send a message to a conversation: runs now if idle, else queued."""
+def send(
+    conversation: str,
+    text: str,
+    context_data: Annotated[
+        str | None, typer.Option("--context-data", help="A JSON object; default: the last job's.")
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option("--priority", help="0 to 9; default: the last job's.")
+    ] = None,
+) -> None:
+    """Send a message to a conversation: runs now if idle, else queued. Its
+    turn runs with the last job's context data, budget and priority unless
+    given."""
+    data = _context_data(context_data)
     client = _client()
-    entry = client.send(conversation, text)
+    entry = client.send(conversation, text, context_data=data, priority=priority)
     job = client.job_for_message(conversation, entry)
     console.print(f"message {entry}: " + (f"job {job.id}" if job else "queued"))
 

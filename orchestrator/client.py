@@ -50,6 +50,7 @@ from schemas import (
     JobRequest,
     JobStatus,
     Message,
+    MessageOptions,
     TodoItem,
     TurnStatus,
     Usage,
@@ -143,15 +144,30 @@ class Client:
                 raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
             return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id))
 
-    def send(self, conversation_id: str, text: str) -> str:
+    def send(
+        self,
+        conversation_id: str,
+        text: str,
+        *,
+        context_data: dict[str, Any] | None = None,
+        budget: Budget | None = None,
+        priority: int | None = None,
+    ) -> str:
         """Send a message to a conversation; returns its queue entry id.
 
         An idle conversation starts a turn on it at once; a busy one keeps it
         in its Redis queue (``message.queued``) until the running turn ends,
         then starts a turn per message, in order (``message.dequeued``).
-        :meth:`job_for_message` finds the job a message started.
+        :meth:`job_for_message` finds the job a message started. The turn
+        runs with the ``context_data``, budget and priority of the
+        conversation's last job (read when it starts), each unless given
+        here.
         """
-        entry, actions = inbox.send(self.runtime, _known(conversation_id), text)
+        try:
+            options = MessageOptions(context_data=context_data, budget=budget, priority=priority)
+        except ValidationError as exc:
+            raise invalid(exc, "message") from None
+        entry, actions = inbox.send(self.runtime, _known(conversation_id), text, options)
         dispatch(self.celery, actions)
         return entry
 
