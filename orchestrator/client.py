@@ -29,8 +29,10 @@ from orchestrator.errors import (
     invalid,
 )
 from orchestrator.events import (
+    CUT,
     ENTRY_EVENT,
     committed_horizon,
+    is_cut,
     row_to_event,
     snapshot_bound,
     visible_below,
@@ -405,8 +407,11 @@ _STATUS = select(
         )
     )
 ).where(_TURN.c.id == bindparam("id"))
-#: The events that end a turn, by the name their stream entries carry.
-_TERMINAL_NAMES = frozenset(name.value for name in TERMINAL_TURN_EVENTS)
+#: The events that end a turn, by the name their stream entries carry
+#: (whole, or cut: too large for an entry).
+_TERMINAL_NAMES = frozenset(
+    name for event in TERMINAL_TURN_EVENTS for name in (event.value, CUT + event.value)
+)
 
 
 def _is_end(job: Job, event: Event) -> bool:
@@ -488,8 +493,8 @@ def _wait_end(job: Job, timeout: float | None) -> JobStatus | Event:
                     break
                 for _, fields in entries:
                     event = Event.model_validate_json(fields[ENTRY_EVENT])
-                    if _is_end(job, event):
-                        return event
+                    if _is_end(job, event):  # a cut one has no output: ask Postgres
+                        return job.status() if is_cut(fields) else event
 
 
 def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterator[Event]:
