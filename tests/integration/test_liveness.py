@@ -1,0 +1,104 @@
+"""A worker's liveness needs no Redis; readiness does (issue 21, item 20).
+
+`chorus alive` (the chart's and compose's liveness probe) passes for a
+worker through a Redis outage, because each process touches its own file
+in CHORUS_STATE_DIR from a thread of its own; `chorus ping` (readiness)
+fails while Redis is gone. Beat's file shows that it sends its sweeps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestrator import Client, Settings
+from orchestrator.liveness import beats_dir
+from tests.conftest import ROOT, WorkerProcess, worker_env
+from tests.faults import PrivateRedis
+from tests.fleet import running_beat
+
+pytestmark = pytest.mark.integration
+
+
+def _chorus(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI's outcome; a command still running after 20 s (as a probe's
+    timeout would cut it) counts as failed."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *args],
+            cwd=ROOT,
+            env=worker_env(settings),
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except subprocess.TimeoutExpired as cut:
+        return subprocess.CompletedProcess(cut.cmd, -1, "", "timed out")
+
+
+def test_a_redis_outage_fails_readiness_not_liveness(settings: Settings, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    with PrivateRedis(tmp_path / "redis") as private:
+        mine = settings.model_copy(
+            update={
+                "redis_url": private.url,
+                "redis_prefix": f"alive-{uuid.uuid4().hex[:6]}",
+                "state_dir": state,
+            }
+        )
+        client = Client(mine)
+        worker = WorkerProcess(mine, "probe", "-Q", "control", "-P", "threads", "-c", "2")
+        try:
+            worker.wait_ready(client)
+            client.close()
+            with running_beat(mine):
+                # beat shows each sweep it sends (every sweep_interval seconds)
+                sent = (beats_dir(state) / "beat").stat().st_mtime
+                _wait_for(lambda: (beats_dir(state) / "beat").stat().st_mtime > sent)
+                for node in (worker.name, "beat"):
+                    assert _chorus(mine, "alive", "--node", node).returncode == 0, node
+                assert _chorus(mine, "ping", "--node", worker.name).returncode == 0
+
+            # When Redis goes away
+            private.kill()
+            gone = time.time()
+
+            # Then the worker still shows it runs (its file is touched) ...
+            mark = beats_dir(state) / worker.name
+            _wait_for(lambda: mark.stat().st_mtime > gone)
+            probe = _chorus(mine, "alive", "--node", worker.name, "--max-age", "30")
+            assert probe.returncode == 0, probe.stderr
+            # ... and only readiness fails
+            assert _chorus(mine, "ping", "--node", worker.name, "--timeout", "2").returncode != 0
+            assert worker.proc.poll() is None
+        finally:
+            worker.stop()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "no sign of life"
+        time.sleep(0.5)
+
+
+def test_alive_fails_for_a_process_silent_past_the_limit(
+    settings: Settings, tmp_path: Path
+) -> None:
+    mine = settings.model_copy(update={"state_dir": tmp_path})
+    assert _chorus(mine, "alive", "--node", "llm@host").returncode == 1  # never started
+    beat = beats_dir(tmp_path) / "llm-2@host"  # a process of a --processes worker
+    beat.parent.mkdir()
+    beat.touch()
+    assert _chorus(mine, "alive", "--node", "llm@host").returncode == 0
+    assert _chorus(mine, "alive", "--node", "tools@host").returncode == 1
+    os.utime(beat, (time.time() - 120, time.time() - 120))
+    stale = _chorus(mine, "alive", "--node", "llm@host", "--max-age", "60")
+    assert stale.returncode == 1 and "not alive" in stale.stderr
