@@ -87,18 +87,3 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, "no sign of life"
         time.sleep(0.5)
-
-
-def test_alive_fails_for_a_process_silent_past_the_limit(
-    settings: Settings, tmp_path: Path
-) -> None:
-    mine = settings.model_copy(update={"state_dir": tmp_path})
-    assert _chorus(mine, "alive", "--node", "llm@host").returncode == 1  # never started
-    beat = beats_dir(tmp_path) / "llm-2@host"  # a process of a --processes worker
-    beat.parent.mkdir()
-    beat.touch()
-    assert _chorus(mine, "alive", "--node", "llm@host").returncode == 0
-    assert _chorus(mine, "alive", "--node", "tools@host").returncode == 1
-    os.utime(beat, (time.time() - 120, time.time() - 120))
-    stale = _chorus(mine, "alive", "--node", "llm@host", "--max-age", "60")
-    assert stale.returncode == 1 and "not alive" in stale.stderr
