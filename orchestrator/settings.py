@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     event_stream_maxlen: int = Field(
         default=10_000, description="Approximate cap of each root's live Redis Stream."
     )
+    event_stream_ttl: int = Field(
+        default=3600,
+        ge=1,
+        description="Seconds a root's live Redis Stream is kept after its last event (its "
+        "last turn's end); followers of an expired stream read Postgres.",
+    )
     max_input_chars: int = Field(default=200_000, description="Largest accepted job input.")
     max_depth: int = Field(
         default=4, ge=0, description="Deepest subagent nesting below a root conversation."

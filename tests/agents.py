@@ -170,6 +170,17 @@ register_script(
 )
 Agent("chatty", scripted_model("chatty"), tools=[whoami])
 
+# every turn: whoami, then answer with the context_data the tool saw
+register_script(
+    "tenant-echo",
+    [
+        Reply.call(call("whoami")),
+        lambda ms: Reply.say(json.dumps(tool_results(ms)[-1]["context_data"], sort_keys=True)),
+    ]
+    * 50,
+)
+Agent("tenant-echo", scripted_model("tenant-echo"), tools=[whoami])
+
 
 # -- the sweeper: a whole worker dies, its unacked tasks stay with Redis ------
 
