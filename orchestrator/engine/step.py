@@ -291,7 +291,9 @@ def _run_step(
     if lease.lost.is_set() or reply.stopped:
         return _left(rt, ids, reply, admitted, lost=lease.lost.is_set())
     leased = (conv, turn, job, spec)
-    return persist(rt, ids, owner, reply, (started, began), tools_allowed, admitted, leased)
+    return persist(
+        rt, ids, owner, reply, (started, began), tools_allowed, admitted, leased, names.keys()
+    )
 
 
 def _left(
