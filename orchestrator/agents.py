@@ -15,7 +15,7 @@ from orchestrator.toolnames import check_unique
 from orchestrator.tools import Tool
 from orchestrator.toolsets import MCPServerSpec
 from schemas import AgentSpec, Budget, RateLimit, RetryPolicy
-from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
+from schemas.specs import HANDOFF_PREFIX, READ_TOOL_OUTPUT, SUBAGENT_PREFIX
 
 #: ``AgentSpec`` fields that ``Agent`` takes under another name (``output``
 #: also accepts a pydantic model, turned into the spec's JSON schema;
@@ -139,7 +139,8 @@ def offered_names(spec: AgentSpec) -> list[str]:
     ``subagent__X`` per subagent and ``handoff__X`` per handoff target, and
     the built-in tools it asked for or needs."""
     return [
-        *spec.tools,
+        # listing read_tool_output asks for the built-in (below), unless a tool takes its name
+        *(t for t in spec.tools if t != READ_TOOL_OUTPUT or t in registry.tool_names()),
         *(f"{SUBAGENT_PREFIX}{a}" for a in spec.subagents),
         *(f"{HANDOFF_PREFIX}{a}" for a in spec.handoffs),
         *builtin_names(spec),

@@ -898,7 +898,7 @@ def _billing_acts(messages: list[dict[str, Any]]) -> Reply:
     """Billing's first reply after the switch: refund, if its own tools (and
     only those: not triage's, not the handoff) are offered."""
     tools = offered_names()
-    if tools != ["ho_refund", "read_tool_output"]:
+    if tools != ["ho_refund"]:
         return Reply.say(f"offered {tools}, not billing's tools")
     return Reply.call(call("ho_refund", order="42"))
 
@@ -1216,7 +1216,8 @@ register_script(
     "mcp-down",
     [
         # the qualified name, as a model that saw the tool earlier would call
-        # it: a server that is down at discovery offers nothing now
+        # it: a server that is down at discovery offers nothing now, so the
+        # step refuses it
         Reply.call(
             call("mcp_down.echo", text="anyone?"),
             call("add", a=1, b=2),

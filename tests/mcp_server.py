@@ -3,9 +3,9 @@
 Run ``python -m tests.mcp_server stdio`` (over stdin/stdout) or
 ``python -m tests.mcp_server http PORT`` (streamable HTTP on 127.0.0.1:PORT,
 path ``/mcp``). Its tools: ``echo`` returns its text, the request's
-``_meta``, the server's process id (and its ``Authorization`` header), ``fail`` raises, ``slow`` sleeps,
-and ``broken`` is listed with an input schema that is not a valid JSON schema
-(Chorus does not offer it).
+``_meta``, the server's process id (and its ``Authorization`` header),
+``fail`` raises, ``slow`` sleeps, and ``broken`` is listed with an input
+schema that is not a valid JSON schema (Chorus does not offer it).
 """
 
 from __future__ import annotations

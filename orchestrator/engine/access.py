@@ -6,7 +6,8 @@ in its ``toolsets``, a ``subagent__X`` tool for each of its
 ``subagents``, a ``handoff__X`` tool for each of its ``handoffs``,
 ``final_answer`` when it has an output schema, ``manage_todo_list``
 when it plans and ``read_tool_output`` when it has tools or servers
-(``orchestrator/engine/outputs.py``). A call
+(``orchestrator/engine/outputs.py``: offered where a prompt holds a cut
+output, or on every step when the agent lists it in ``tools``). A call
 to anything else is answered with an error result and never runs.
 
 A step allows only what it offered (``offered``: the qualified names of
