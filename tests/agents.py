@@ -1084,7 +1084,14 @@ def _big_reader(messages: list[dict[str, Any]]) -> Reply:
 
 
 register_script("big-reader", [_big_reader] * 40)
-Agent("big-reader", scripted_model("big-reader"), tools=[big_output], tool_output_limit=10_000)
+# it lists read_tool_output: offered on every step, even in a conversation
+# that holds no cut output (where another tree's handle is refused)
+Agent(
+    "big-reader",
+    scripted_model("big-reader"),
+    tools=[big_output, "read_tool_output"],
+    tool_output_limit=10_000,
+)
 
 
 # --- multi-agent pipeline ---
