@@ -108,6 +108,8 @@ class _Session:
 
 #: This process's stdio sessions by key (:func:`_stdio_params`), on the loop of :func:`_loop`.
 _sessions: dict[tuple[Any, ...], _Session] = {}
+#: The tasks holding them (the loop keeps only weak references to tasks).
+_owners: set[asyncio.Task[None]] = set()
 _loop_of_process: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
 
@@ -131,6 +133,7 @@ def _forget_sessions() -> None:
     global _loop_of_process, _loop_lock
     _loop_of_process, _loop_lock = None, threading.Lock()
     _sessions.clear()
+    _owners.clear()
 
 
 os.register_at_fork(after_in_child=_forget_sessions)
@@ -184,7 +187,9 @@ async def _pooled(server: MCPServerSpec) -> AsyncIterator[Client]:
         if session is not None:
             session.retire()
         session = _sessions[key] = _Session(key)
-        asyncio.get_running_loop().create_task(_own(session, params))
+        owner = asyncio.get_running_loop().create_task(_own(session, params))
+        _owners.add(owner)
+        owner.add_done_callback(_owners.discard)
     session.busy += 1
     if session.idle is not None:
         session.idle.cancel()
