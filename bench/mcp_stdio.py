@@ -72,10 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if importlib.util.find_spec("mcp_server_time") is None:
         print("bench/mcp_stdio.py needs the reference server: pip install mcp-server-time")
         return 2
-    return bench_main(parse_args(argv), run, "chorus-bench-mcp-")
+    return bench_main(args, run, "chorus-bench-mcp-")
 
 
 def _turn(client: object, agent: str, timeout: float) -> tuple[float, float]:
