@@ -67,7 +67,9 @@ def Agent(
             or registered qualified names) the model may call, and MCP
             servers (``MCPServer`` objects) whose every tool it may call
             (stored in the spec's ``toolsets``). Two whose provider-legal
-            aliases collide raise :class:`ConfigurationError`.
+            aliases collide raise :class:`ConfigurationError`. The name
+            ``"read_tool_output"`` asks for that built-in on every step
+            (otherwise it is offered only where an output was cut).
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
         handoffs: registered agents (specs or names) the model may hand the
