@@ -29,6 +29,9 @@ SUBAGENT_PREFIX = "subagent__"
 
 #: A handoff target ``X`` is offered to the model as the tool ``handoff__X``.
 HANDOFF_PREFIX = "handoff__"
+#: The built-in tool reading a cut tool output; an agent may list it in its
+#: ``tools`` to be offered it on every step (else only where one was cut).
+READ_TOOL_OUTPUT = "read_tool_output"
 
 #: The tool of each field that names agents, by field.
 _AGENT_TOOL_PREFIXES = {"subagents": SUBAGENT_PREFIX, "handoffs": HANDOFF_PREFIX}

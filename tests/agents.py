@@ -909,7 +909,7 @@ def _billing_acts(messages: list[dict[str, Any]]) -> Reply:
     """Billing's first reply after the switch: refund, if its own tools (and
     only those: not triage's, not the handoff) are offered."""
     tools = offered_names()
-    if tools != ["ho_refund", "read_tool_output"]:
+    if tools != ["ho_refund"]:
         return Reply.say(f"offered {tools}, not billing's tools")
     return Reply.call(call("ho_refund", order="42"))
 
@@ -1095,7 +1095,14 @@ def _big_reader(messages: list[dict[str, Any]]) -> Reply:
 
 
 register_script("big-reader", [_big_reader] * 40)
-Agent("big-reader", scripted_model("big-reader"), tools=[big_output], tool_output_limit=10_000)
+# it lists read_tool_output: offered on every step, even in a conversation
+# that holds no cut output (where another tree's handle is refused)
+Agent(
+    "big-reader",
+    scripted_model("big-reader"),
+    tools=[big_output, "read_tool_output"],
+    tool_output_limit=10_000,
+)
 
 
 # --- multi-agent pipeline ---
@@ -1227,7 +1234,8 @@ register_script(
     "mcp-down",
     [
         # the qualified name, as a model that saw the tool earlier would call
-        # it: a server that is down at discovery offers nothing now
+        # it: a server that is down at discovery offers nothing now, so the
+        # step refuses it
         Reply.call(
             call("mcp_down.echo", text="anyone?"),
             call("add", a=1, b=2),
