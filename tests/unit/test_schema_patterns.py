@@ -1,0 +1,131 @@
+"""Schema patterns are matched by an engine that releases the GIL and stops
+after a bound (orchestrator.patterns), wherever jsonschema applies one; and
+an inline spec's endpoint must be under a listed one (orchestrator.specs)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from orchestrator import InvalidRequestError
+from orchestrator.schematools import check_arguments, parameters_validator
+from orchestrator.specs import endpoint_listed
+
+POISON = "a" * 40 + "!"
+SLOW = "^(a|a)+$"  # backtracks on the regex engine too: only the bound ends it
+
+
+def _string(**keywords: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": {"v": {"type": "string", **keywords}}}
+
+
+HOSTILE: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    (_string(pattern="^(a+)+$"), {"v": POISON}),
+    (_string(pattern=SLOW), {"v": POISON}),
+    (_string(**{"not": {"pattern": SLOW}}), {"v": POISON}),
+    (
+        {"type": "object", "properties": {"v": {"type": "array", "items": _string(pattern=SLOW)}}},
+        {"v": [{"v": POISON}] * 200},
+    ),
+    ({"type": "object", "patternProperties": {SLOW: {}}}, {POISON: 1}),
+    (
+        {"type": "object", "patternProperties": {SLOW: {}}, "additionalProperties": False},
+        {POISON: 1},
+    ),
+    (
+        {"type": "object", "patternProperties": {SLOW: {}}, "unevaluatedProperties": False},
+        {POISON: 1},
+    ),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("schema", "arguments"), HOSTILE)
+def test_a_backtracking_pattern_is_refused_without_freezing_the_process(
+    schema: dict[str, Any], arguments: dict[str, Any]
+) -> None:
+    validator = parameters_validator("sec.patterns", schema)
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.005)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        with pytest.raises(InvalidRequestError, match=r"'sec\.patterns'") as caught:
+            check_arguments(validator, arguments, "sec.patterns")
+    finally:
+        done.set()
+        ticker.join()
+    assert "does not match" in str(caught.value) or "took longer" in str(caught.value)
+    if "took longer" in str(caught.value):
+        # the other thread ran while the pattern did
+        assert len(ticks) >= 3
+
+
+def test_ordinary_patterns_still_match() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
+            "password": {"type": "string", "pattern": "^(?=.*[0-9]).{4,}$"},
+            "rule": {"type": "string", "format": "regex"},
+        },
+        "patternProperties": {"^x-": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    validator = parameters_validator("sec.ordinary", schema)
+    check_arguments(validator, {"code": "PT", "password": "abc1", "rule": "^a+$", "x-n": 1}, "t")
+    for wrong, path in [
+        ({"code": "pt"}, "$.code"),
+        ({"password": "abcd"}, "$.password"),
+        ({"rule": "(unclosed"}, "$.rule"),
+        ({"x-n": "one"}, "$['x-n']"),
+        ({"other": 1}, "$"),
+    ]:
+        with pytest.raises(InvalidRequestError) as caught:
+            check_arguments(validator, wrong, "t")
+        assert caught.value.fields == [path]
+
+
+ENDPOINTS = ["http://127.0.0.1", "https://llm.internal:8443/v1"]
+
+
+@pytest.mark.parametrize(
+    ("url", "listed"),
+    [
+        ("http://127.0.0.1:9000/v1", True),
+        ("http://127.0.0.1/", True),
+        ("https://llm.internal:8443/v1", True),
+        ("https://llm.internal:8443/v1/", True),
+        ("https://llm.internal:8443/v1/deployments/x", True),
+        ("https://llm.internal/v1", False),
+        ("https://llm.internal:8444/v1", False),
+        ("https://llm.internal:8443/v10", False),
+        ("https://llm.internal:8443/", False),
+        ("http://llm.internal:8443/v1", False),
+        ("https://llm.internal:8443/v1/../admin", False),
+        ("https://llm.internal:8443/v1/./x", False),
+        ("https://llm.internal:8443/v1/%2e%2e/admin", False),
+        ("https://llm.internal:8443/v1?x=1", False),
+        ("http://127.0.0.1@anyone.example/v1", False),
+        ("http://anyone.example\\@127.0.0.1/v1", False),
+        ("http://127.0.0.1.anyone.example/v1", False),
+        ("http://localhost:9000/v1", False),
+        ("http://127.0.0.1:99999/v1", False),
+        ("http://127.0.0.1 /v1", False),
+        ("ftp://127.0.0.1/v1", False),
+        ("127.0.0.1:9000/v1", False),
+        ("", False),
+    ],
+)
+def test_an_endpoint_is_listed_only_under_an_entry(url: str, listed: bool) -> None:
+    assert endpoint_listed(url, ENDPOINTS) is listed
+    assert endpoint_listed(url, []) is False
