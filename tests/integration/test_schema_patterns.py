@@ -75,6 +75,7 @@ def test_an_output_schema_that_is_not_a_schema_is_refused_at_submit(client: Clie
     for schema, message in [
         (_schema("(unclosed"), "not a valid JSON schema"),
         ({"type": "object", "properties": {"v": {"minLength": -1}}}, "not a valid JSON schema"),
+        (_schema("(?:(?:(?:(?:a{100}){100}){100}){100})"), "not a valid JSON schema"),
     ]:
         spec = AgentSpec(name="sec-bad-schema", model="scripted/quick", output_schema=schema)
         with pytest.raises(InvalidRequestError, match=message) as caught:

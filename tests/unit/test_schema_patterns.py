@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import InvalidRequestError
+from orchestrator import ConfigurationError, InvalidRequestError
 from orchestrator.schematools import check_arguments, parameters_validator
 
 POISON = "a" * 40 + "!"
@@ -91,3 +91,21 @@ def test_ordinary_patterns_still_match() -> None:
         with pytest.raises(InvalidRequestError) as caught:
             check_arguments(validator, wrong, "t")
         assert caught.value.fields == [path]
+
+
+#: Patterns Python's re takes, that the regex engine would compile for
+#: minutes holding the GIL (counted repeats are copies), or cannot nest.
+BOMBS = ["(?:(?:(?:(?:a{100}){100}){100}){100})", "(" * 3000 + "a" + ")" * 3000]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bomb", BOMBS)
+def test_a_pattern_that_would_compile_for_minutes_is_refused(bomb: str) -> None:
+    with pytest.raises(ConfigurationError, match="invalid JSON schema"):
+        parameters_validator("sec.bomb", _string(pattern=bomb))
+    with pytest.raises(ConfigurationError, match="invalid JSON schema"):
+        parameters_validator("sec.bomb", {"type": "object", "patternProperties": {bomb: {}}})
+    # and as a value the model sends for a regex
+    validator = parameters_validator("sec.bomb", _string(format="regex"))
+    with pytest.raises(InvalidRequestError, match="is not a 'regex'"):
+        check_arguments(validator, {"v": bomb}, "sec.bomb")
