@@ -18,8 +18,10 @@ string may not be a URL (:func:`check_inline`).
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -144,12 +146,17 @@ def check_key_template(index: int, limit: RateLimit) -> None:
 def check_output_schema(schema: dict[str, Any] | None) -> None:
     """A valid JSON schema (2020-12, as the step validates answers), every
     ``pattern`` compiled by the engine that will match it
-    (:mod:`orchestrator.patterns`)."""
-    if schema is None:
-        return
+    (:mod:`orchestrator.patterns`). A schema that passed is remembered: an
+    agent's is checked once, not at every submit."""
+    if schema is not None:
+        _check_schema(json.dumps(schema, sort_keys=True))
+
+
+@lru_cache(maxsize=256)
+def _check_schema(text: str) -> None:
     try:
         with patterns.limited():
-            jsonschema.Draft202012Validator.check_schema(schema)
+            jsonschema.Draft202012Validator.check_schema(json.loads(text))
     except SchemaError as exc:
         path = "".join(f".{p}" for p in exc.absolute_path)
         raise InvalidRequestError(
