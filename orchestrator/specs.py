@@ -19,6 +19,7 @@ string may not be a URL (:func:`check_inline`).
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections.abc import Iterator
 from functools import lru_cache
@@ -211,6 +212,7 @@ INLINE_SETTINGS = frozenset(
 #: ``model_settings`` keys that name an endpoint: an inline spec may carry
 #: one only when ``CHORUS_MODEL_ENDPOINTS`` lists it.
 ENDPOINT_SETTINGS = frozenset({"api_base", "base_url"})
+_API_VERSION = re.compile(r"[0-9A-Za-z._-]{1,40}")
 
 
 def endpoint_listed(url: str, endpoints: list[str]) -> bool:
@@ -257,3 +259,7 @@ def check_inline(spec: AgentSpec, endpoints: list[str]) -> None:
             raise SettingNotAllowedError(
                 path, f"an inline spec may only set {sorted(INLINE_SETTINGS)} and a listed endpoint"
             )
+        elif key == "api_version" and not (
+            isinstance(value, str) and _API_VERSION.fullmatch(value)
+        ):  # it goes into the endpoint's query string
+            raise SettingNotAllowedError(path, "an API version is letters, digits, '.', '_', '-'")

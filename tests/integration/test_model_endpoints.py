@@ -56,6 +56,7 @@ def _refused(url: str) -> list[tuple[dict[str, Any], str]]:
         ({"model_settings": {"extra_body": {"a": 1}}}, "model_settings.extra_body"),
         ({"model_settings": {"input_cost_per_token": 0.0}}, "model_settings.input_cost_per_token"),
         ({"model_settings": {"vertex_project": "theirs"}}, "model_settings.vertex_project"),
+        ({"model_settings": {"api_version": "1&x=y"}}, "model_settings.api_version"),
     ]
 
 
