@@ -82,8 +82,21 @@ class Settings(BaseSettings):
         "is given up after about stall_timeout * 2**(max_redispatches + 1).",
     )
     sweep_interval: float = Field(default=30.0, description="Seconds between sweeps (beat).")
+    max_tool_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Runs of one tool call whose process died (or whose result was lost) "
+        "before the call ends with an error result the model sees (tool.failed) instead "
+        "of running again.",
+    )
     event_stream_maxlen: int = Field(
         default=10_000, description="Approximate cap of each root's live Redis Stream."
+    )
+    event_stream_ttl: int = Field(
+        default=3600,
+        ge=1,
+        description="Seconds a root's live Redis Stream is kept after its last event (its "
+        "last turn's end); followers of an expired stream read Postgres.",
     )
     max_input_chars: int = Field(default=200_000, description="Largest accepted job input.")
     max_depth: int = Field(

@@ -92,9 +92,15 @@ def _check_request(settings: Settings, request: JobRequest) -> None:
     check_input(settings, request.input, "input")
     check(request.conversation_id, "conversation_id")
     check(request.idempotency_key, "idempotency_key")
-    check(request.budget, "budget")
-    check(request.context_data, "context_data")
-    size = len(json.dumps(request.context_data))
+    check_job_data(request.context_data, request.budget)
+
+
+def check_job_data(context_data: dict[str, Any] | None, budget: Budget | None) -> None:
+    """A job's (or a sent message's) ``context_data`` and budget: storable,
+    ``context_data`` within :data:`~schemas.jobs.MAX_CONTEXT_BYTES`."""
+    check(budget, "budget")
+    check(context_data, "context_data")
+    size = len(json.dumps(context_data))
     if size > MAX_CONTEXT_BYTES:
         raise InvalidRequestError(
             f"context_data is {size} bytes of JSON; the limit is {MAX_CONTEXT_BYTES}",

@@ -117,7 +117,7 @@ def test_stdio_tools_return_fail_time_out_and_stay_within_the_agent(mcp_fleet: C
     echo = calls["mcp_stdio.echo"]
     assert not echo.is_error, echo.result
     assert echo.result["text"] == "hello"
-    assert echo.result["meta"]["chorus/tool_request_id"] == echo.tool_request_id
+    assert echo.result["meta"]["chorus/tool_request_id"] == echo.id  # the call's own id
 
     # The failure and the timeout are error results naming what happened
     fail, slow = calls["mcp_stdio.fail"], calls["mcp_stdio.slow"]
@@ -168,7 +168,7 @@ def test_http_tools_are_offered_with_their_schemas_and_called(mcp_fleet: Client)
     (call,) = tool_calls(mcp_fleet, job.id)
     assert call.tool == "mcp_http.echo"
     assert not call.is_error and call.result["text"] == "over http"
-    assert call.result["meta"]["chorus/tool_request_id"] == call.tool_request_id
+    assert call.result["meta"]["chorus/tool_request_id"] == call.id
     tool_message = next(m for m in second["messages"] if m["role"] == "tool")
     assert json.loads(tool_message["content"])["text"] == "over http"
 
