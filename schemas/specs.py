@@ -102,7 +102,9 @@ class AgentSpec(Frozen):
     ``model_settings`` are passed to litellm (``temperature``, ``api_base``,
     ...). Secrets never go here: litellm reads provider keys from the
     environment of the worker, and Chorus refuses credential keys when an
-    agent is declared or a job submitted (``orchestrator.specs``).
+    agent is declared or a job submitted (``orchestrator.specs``). A spec a
+    job supplies inline (not a registered agent) may only say how the model
+    samples, never where the call goes: ``orchestrator.specs.check_inline``.
     """
 
     name: str = Field(pattern=NAME_PATTERN)

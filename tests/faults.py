@@ -37,7 +37,7 @@ from orchestrator.store.migrate import upgrade
 from orchestrator.store.tables import Conversation, EventRow, ToolCallRow, Turn
 from schemas import EventName, TurnStatus
 from tests.agents import CHAOS_CALLS_FILE
-from tests.conftest import ROOT, TEST_MODULES, WorkerProcess, worker_env
+from tests.conftest import LOOPBACK_ENDPOINTS, ROOT, TEST_MODULES, WorkerProcess, worker_env
 from tests.services import Services, _drop_prefix, _own_database
 
 PollErrors = (SQLAlchemyError, psycopg.Error, redis.RedisError, OSError)
@@ -70,6 +70,7 @@ def isolated_settings(
                 database_url=db_url,
                 redis_prefix=prefix,
                 modules=[TEST_MODULES],
+                model_endpoints=[LOOPBACK_ENDPOINTS],
                 state_dir=state_dir,
                 **{"stall_timeout": 8.0, "sweep_interval": 2.0, **overrides},  # type: ignore[arg-type]
             )
