@@ -28,3 +28,9 @@ def inboxes_restored(prefix: str) -> str:
     """Present once this Redis's inboxes have been rebuilt from the queued
     messages recorded in Postgres; missing after Redis lost its data."""
     return f"{prefix}:inboxes:restored"
+
+
+def dropped_messages(prefix: str) -> str:
+    """How many broker messages workers dropped because they could not be
+    decoded or delivered (an integer; ``chorus_broker_messages_dropped``)."""
+    return f"{prefix}:broker:dropped"

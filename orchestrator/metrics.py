@@ -26,6 +26,7 @@ from sqlmodel import col, select
 
 from orchestrator import registry
 from orchestrator.celery_conf import PRIORITY_STEPS, queue_lists
+from orchestrator.keys import dropped_messages
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import EventRow
 
@@ -134,6 +135,13 @@ class ChorusCollector(Collector):
         except redis.RedisError:
             return []
 
+    def _dropped_messages(self) -> int | None:
+        try:
+            value = self.rt.redis.get(dropped_messages(self.rt.settings.redis_prefix))
+        except redis.RedisError:
+            return None
+        return int(value or 0)
+
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             self._catch_up()
@@ -153,6 +161,14 @@ class ChorusCollector(Collector):
             for queue, size in self._queue_depths():
                 depth.add_metric([queue], size)
             yield depth
+            dropped = self._dropped_messages()
+            if dropped is not None:
+                family = CounterMetricFamily(
+                    "chorus_broker_messages_dropped",
+                    "Broker messages workers dropped: they could not be decoded or delivered.",
+                )
+                family.add_metric([], dropped)
+                yield family
 
 
 def _counter(name: str, doc: str, label: str, values: Counter[str]) -> CounterMetricFamily:
