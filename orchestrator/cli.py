@@ -136,7 +136,11 @@ def worker(
     from workers.app import create_app
 
     die_with_supervisor()
-    create_app(_settings()).worker_main(["worker", *argv, "-E", *(["-n", name] if name else [])])
+    # Celery's worker_main drops the worker's exit status: a cold shutdown or
+    # an "Unrecoverable error" would exit 0, which a supervisor or a
+    # container's restart policy reads as a clean stop.
+    code = create_app(_settings()).start(["worker", *argv, "-E", *(["-n", name] if name else [])])
+    raise typer.Exit(code or 0)
 
 
 @app.command()
