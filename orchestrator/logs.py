@@ -66,8 +66,8 @@ MASK = "***"
 #: Names registered as credentials whatever their name says (the variables
 #: an MCP server's headers are read from).
 _named: set[str] = set()
-#: (environment size, registrations) the pattern below was built for.
-_built: tuple[tuple[int, int], re.Pattern[str] | None] = ((-1, -1), None)
+#: (environment size, registrations) the values below were read for.
+_built: tuple[tuple[int, int], tuple[str, ...]] = ((-1, -1), ())
 
 
 def _credential_like(word: str) -> bool:
@@ -97,27 +97,29 @@ def treat_as_credentials(names: Iterable[str]) -> None:
     """Redact the values of the environment variables ``names`` too."""
     global _built
     _named.update(names)
-    _built = ((-1, -1), None)
+    _built = ((-1, -1), ())
 
 
-def _credentials() -> re.Pattern[str] | None:
-    """The values of this process's credentials as one pattern, rebuilt
+def _credentials() -> tuple[str, ...]:
+    """The values of this process's credentials, longest first, read again
     when a variable is added or removed (litellm may load a ``.env``)."""
     global _built
     key = (len(os.environ), len(_named))
     if _built[0] != key:
         values = sorted(credential_values(os.environ, _named), key=len, reverse=True)
-        _built = (key, re.compile("|".join(map(re.escape, values))) if values else None)
+        _built = (key, tuple(values))
     return _built[1]
 
 
 def redact_credentials(text: str) -> str:
     """``text`` with the value of every credential this process holds
-    masked, whatever its shape."""
-    pattern = _credentials()
-    if pattern is None or pattern.search(text) is None:
-        return text
-    return pattern.sub(MASK, text)
+    masked, whatever its shape. (A substring search a value: a few tens of
+    nanoseconds on a streamed delta, where a regular expression of the
+    values took microseconds.)"""
+    for value in _credentials():
+        if value in text:
+            text = text.replace(value, MASK)
+    return text
 
 
 def redact(text: str) -> str:
