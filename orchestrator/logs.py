@@ -80,15 +80,16 @@ def _credential_like(word: str) -> bool:
 
 def credential_values(environ: Mapping[str, str], named: Iterable[str] = ()) -> set[str]:
     """The values in ``environ`` that are credentials: those of the variables
-    whose name says so (or listed in ``named``), word by word (an
-    ``Authorization`` value ``Bearer …`` gives its token), and the
-    passwords of URLs in any variable."""
+    whose name says so (or listed in ``named``), and the words of a short
+    one (an ``Authorization`` value ``Bearer …`` gives its token; a JSON
+    document does not give each of its words), and the passwords of URLs
+    in any variable."""
     extra = set(named)
     found: set[str] = set()
     for name, value in environ.items():
         if _CREDENTIAL_NAME.search(name) or name in extra:
-            found.add(value.strip())
-            found.update(value.split())
+            words = value.split()
+            found.update([value.strip(), *(words if len(words) <= 3 else ())])
         found.update(m.group(1) for m in _URL_PASSWORD.finditer(value))
     return {v for v in found if _credential_like(v)}
 

@@ -60,6 +60,7 @@ def test_credentials_are_named_like_one_and_look_like_one() -> None:
         "GITHUB_TOKEN": "short1",  # too short to mask wherever it appears
         "TOKENIZERS_PARALLELISM": "false-and-more",  # TOKENIZERS is not TOKEN
         "PATH": "/usr/local/bin:/usr/bin",
+        "VERTEXAI_CREDENTIALS": '{"type": "service_account", "key_id": "Kf8-x"}',
         "DATABASE": "postgresql://chorus:Db-Pass-42@db/chorus",
     }
     assert credential_values(environ) == {
@@ -67,6 +68,7 @@ def test_credentials_are_named_like_one_and_look_like_one() -> None:
         "hf_a1b2c3d4e5f6",
         "admin:Secret99",
         "Db-Pass-42",
+        '{"type": "service_account", "key_id": "Kf8-x"}',  # whole, not word by word
     }
 
 
