@@ -280,12 +280,13 @@ class Client:
         ``tool_output_limit`` (the model saw a view of it), by the handle in
         that view and in the call's ``tool.completed`` event; the call must
         be in this conversation's tree (its root, or any subagent of it)."""
+        handle = _id(handle, "handle")
         with self.runtime.session() as session:
             conv = session.get(Conversation, _known(conversation_id))
             if conv is None:
                 raise ConversationNotFound(conversation_id)
             try:
-                return archived(session, conv.root_id, _id(handle, "handle"))
+                return archived(session, conv.root_id, handle)
             except LookupError:
                 raise ToolOutputNotFound(handle) from None
 
