@@ -29,8 +29,16 @@ from typing import Any
 
 _context: ContextVar[dict[str, Any] | None] = ContextVar("chorus_log_context", default=None)
 
+#: A URL's user and password (``redis://:PASSWORD@host``). Linear in the
+#: text, since tool errors and provider bodies can be anyone's: the scheme
+#: is at most 32 characters and neither part crosses a ``/`` (which a URL's
+#: user part cannot hold), so no two tries scan the same characters (an
+#: unbounded scheme and a password running to the next ``@`` took 4 s on
+#: 80 KB of ``a://:``, quadratic).
+_URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]{0,31}://[^:/@\s]*:)([^@\s/]+)@", re.I)
+
 _SECRETS = (
-    (re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]+@", re.I), r"\1***@"),
+    (_URL_CREDENTIALS, r"\1***@"),
     (
         re.compile(
             r"((?:api[_-]?key|password|passwd|secret|token|authorization)[\"']?\s*[:=]\s*[\"']?)"
@@ -53,8 +61,6 @@ _SECRETS = (
 _CREDENTIAL_NAME = re.compile(
     r"(?:^|_)(?:KEY|APIKEY|TOKEN|SECRET|PASSWORD|PASSWD|PASS|AUTH|CREDENTIALS?)(?:_|$)", re.I
 )
-#: The password of a URL (``redis://:PASSWORD@host``) in any variable.
-_URL_PASSWORD = re.compile(r"\b[a-z][a-z0-9+.-]*://[^:/@\s]*:([^@\s]+)@", re.I)
 #: Shortest value redacted by value; a value must also mix two kinds of
 #: characters (letters and digits, lower and upper case, or symbols), so
 #: that ``true`` or ``standard`` in an ``AUTH_MODE`` never masks the word
@@ -90,7 +96,7 @@ def credential_values(environ: Mapping[str, str], named: Iterable[str] = ()) -> 
         if _CREDENTIAL_NAME.search(name) or name in extra:
             words = value.split()
             found.update([value.strip(), *(words if len(words) <= 3 else ())])
-        found.update(m.group(1) for m in _URL_PASSWORD.finditer(value))
+        found.update(m.group(2) for m in _URL_CREDENTIALS.finditer(value))
     return {v for v in found if _credential_like(v)}
 
 
