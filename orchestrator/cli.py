@@ -292,7 +292,7 @@ def _context_data(value: str | None) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(value)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's stack
         raise InvalidRequestError(f"--context-data is not JSON: {exc}", ["context_data"]) from None
     if not isinstance(data, dict):
         raise InvalidRequestError("--context-data must be a JSON object", ["context_data"])

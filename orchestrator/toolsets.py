@@ -36,6 +36,7 @@ from orchestrator.errors import (
     InvalidRequestError,
     SecretInSettingsError,
 )
+from orchestrator.logs import treat_as_credentials
 from orchestrator.schematools import parameters_validator
 from orchestrator.specs import url_has_credentials
 from orchestrator.tools import Tool, ToolContext, run_with_timeout
@@ -106,7 +107,8 @@ def MCPServer(
         cwd: working directory of the stdio server.
         headers: HTTP header name → name of the environment variable holding
             its value (``{"Authorization": "WEATHER_MCP_AUTH"}``): the value is
-            read at each connection and never stored.
+            read at each connection, never stored, and redacted by value
+            from logs, events and rows.
         queue: the Celery queue its calls run on.
         timeout: seconds before a call is recorded as failed.
         parallelizable: False makes each of its calls a barrier.
@@ -142,6 +144,7 @@ def MCPServer(
         idle_seconds=idle_seconds,
     )
     registry.register_toolset(server)
+    treat_as_credentials(variable for _, variable in server.headers)
     return server
 
 

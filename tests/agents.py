@@ -577,6 +577,24 @@ def _say_results_raw(messages: list[dict[str, Any]]) -> Reply:
 register_script("sec-hostile-args", [_hostile_call, _say_results_raw] * 200)
 Agent("sec-hostile-args", scripted_model("sec-hostile-args"), tools=[echo_back])
 
+#: Credentials in a tool's error by shape (a pair, a GitHub token); the
+#: tool adds the workers' own Groq key (tests.conftest.PROVIDER_KEY).
+LEAKED_PAIR_VALUE = "hunter2-not-shown"
+LEAKED_TOKEN = "ghp_Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2"
+
+
+@tool
+def leaky(fail: bool) -> str:
+    """Fail with credentials in the message, or return the workers' key.
+
+    Args:
+        fail: raise instead of returning.
+    """
+    key = os.environ["GROQ_API_KEY"]
+    if fail:
+        raise RuntimeError(f"refused api_key={LEAKED_PAIR_VALUE} with {LEAKED_TOKEN} for {key}")
+    return f"configured with {key}"
+
 
 # -- tree: redelivered tool copies, stops racing steps, per-job fan-out, deadlines --
 

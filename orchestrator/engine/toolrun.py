@@ -33,7 +33,7 @@ from orchestrator.engine.toolstatements import (
 )
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
-from orchestrator.logs import bind
+from orchestrator.logs import bind, redact
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import CALL_FINISHED
@@ -62,12 +62,18 @@ def _execute(
             )
         return registry.get_tool(call.tool).invoke(call.params, ctx, should_stop), False
     except ChorusError as exc:
-        return f"Error: {exc}", True
+        return _error(exc), True
     except ToolStopped:
         raise  # the job is being stopped: no result at all
     except Exception as exc:  # a bug in validation itself must not kill the worker
         log.exception("tool %s failed unexpectedly", call.tool)
-        return f"Error: {type(exc).__name__}: {exc}", True
+        return _error(f"{type(exc).__name__}: {exc}"), True
+
+
+def _error(exc: Exception | str) -> str:
+    """A failed call's result: its error, redacted as log lines are (it is
+    stored, published in ``tool.failed`` and shown to the model)."""
+    return f"Error: {redact(str(exc))}"
 
 
 def _cap(result: Any, limit: int) -> Any:
@@ -237,7 +243,7 @@ def _read(rt: Runtime, conv: ConversationFields, call: CallFields, limit: int) -
         with rt.session() as session:
             return read_output(session, conv.root_id, call.params, limit), False
     except ValueError as exc:
-        return f"Error: {exc}", True
+        return _error(exc), True
 
 
 def _record_result(
@@ -303,7 +309,7 @@ def _delegate(
         return start_child(rt, session, outbox, call, caller)
     except ChorusError as exc:
         turn, conv, _ = caller
-        if _record_result(session, call, f"Error: {exc}", True):
+        if _record_result(session, call, _error(exc), True):
             outbox.record(
                 EventName.SUBAGENT_FAILED,
                 conv,
@@ -311,6 +317,6 @@ def _delegate(
                 call.step,
                 tool=call.tool,
                 tool_request_id=call.tool_request_id,
-                error=str(exc),
+                error=redact(str(exc)),
             )
         return []
