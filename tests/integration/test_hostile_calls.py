@@ -21,6 +21,7 @@ from tests.conftest import worker_env
 from tests.integration.test_hostile_input import (
     ANY_CHAR,
     PROPERTY,
+    hostile_context,
     hostile_messages,
     hostile_text,
     json_leaf,
@@ -128,6 +129,7 @@ def _client_calls(job: Job) -> st.SearchStrategy[tuple[str, tuple[Any, ...], dic
     return st.one_of(
         call("job", ids),
         call("send", ids, hostile_text),
+        call("send", ids, st.just("hi"), context_data=hostile_context, priority=hostile_number),
         call("job_for_message", ids, st.one_of(hostile_id, st.just("1-0"))),
         call("cancel", ids),
         call("load", ids, st.one_of(hostile_messages, st.just([]))),
