@@ -20,6 +20,7 @@ from orchestrator.engine.access import may_call, refusal
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
+    TREE_TOOL_CALLS,
     JobRow,
     lock_job,
     record_paid,
@@ -204,7 +205,7 @@ def _persist_owned(
             session, turn_id
         ) >= spec.output_retries:
             verdict = "give-up"
-        left = tool_calls_left(job)
+        left = _tool_calls_left(session, conv, job)
         runs = len(reply.tool_calls) if verdict == "tools" else 0
         runs = runs if left is None else min(runs, left)
         totals = _add_usage(session, outbox, conv, (turn, job), step, reply, clocks, runs)
@@ -224,6 +225,24 @@ def _persist_owned(
         "step %d: model answered with %d tool calls (%s)", step, len(reply.tool_calls), verdict
     )
     return actions
+
+
+def _tool_calls_left(session: Session, conv: Conversation, job: Turn) -> int | None:
+    """Tool calls the job may still make (None: unlimited), read under the
+    root conversation's row lock, which every writer of the job's totals
+    holds: two steps of one tree storing calls at once (a fan-out's
+    children) cannot both spend the last ones. The job's totals read with
+    the step's own row (:func:`load_owned`) may predate a write that
+    committed while that statement waited for its lock; a statement after
+    the lock sees it. On the root that row is the step's own, held already;
+    elsewhere it is taken here, before any turn's row (the one lock order)."""
+    if tool_calls_left(job) is None:  # no tool-call budget: nothing to count
+        return None
+    if conv.id != conv.root_id:
+        lock_job(session, job.id)
+    used = session.execute(TREE_TOOL_CALLS, {"b_job": job.id}).scalar_one()
+    set_committed_value(job, "tree_tool_calls", used)
+    return tool_calls_left(job)
 
 
 def record_superseded(
