@@ -145,6 +145,19 @@ register_script(
 )
 Agent("misbehaving", scripted_model("misbehaving"), tools=[add, explode, hang])
 
+#: Calls of one reply of "sprawling": past CHORUS_MAX_REPLY_TOOL_CALLS (1,000 by
+#: default), and their two events each (9 parameters an event) past the 65,535
+#: parameters one statement may carry.
+SPRAWL = 3700
+register_script(
+    "sprawling",
+    [
+        Reply.call(*(call("no_such_tool", i=i) for i in range(SPRAWL))),
+        lambda ms: Reply.say(f"results: {len(tool_results(ms))}"),
+    ],
+)
+Agent("sprawling", scripted_model("sprawling"), tools=[add])
+
 
 # -- context and multi-turn --------------------------------------------------
 

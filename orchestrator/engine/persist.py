@@ -52,6 +52,7 @@ from orchestrator.engine.stepstatements import (
     LeasedConversation,
     LeasedTurn,
     batch_riders,
+    release,
     usage_with_message,
 )
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
@@ -66,6 +67,7 @@ from orchestrator.store.tables import (
     ToolCallRow,
     Turn,
     new_id,
+    table,
     utcnow,
 )
 from schemas import (
@@ -206,12 +208,13 @@ def _persist_owned(
         ) >= spec.output_retries:
             verdict = "give-up"
         left = _tool_calls_left(session, conv, job)
-        runs = len(reply.tool_calls) if verdict == "tools" else 0
+        cap = rt.settings.max_reply_tool_calls
+        runs = min(len(reply.tool_calls), cap) if verdict == "tools" else 0
         runs = runs if left is None else min(runs, left)
         totals = _add_usage(session, outbox, conv, (turn, job), step, reply, clocks, runs)
         if verdict == "tools":
             actions = _record_calls(
-                session, outbox, conv, turn, spec, step, reply, totals, errors, left
+                session, outbox, conv, turn, spec, step, reply, totals, (errors, left, cap)
             )
         elif verdict == "nudge":
             actions = _nudge(session, conv, turn_id, step, totals)
@@ -261,6 +264,30 @@ def record_superseded(
         if conv is None or turn is None:
             return
         record_paid(session, outbox, conv, turn, step, reply.usage, superseded=True)
+
+
+def record_unstored(rt: Runtime, ids: tuple[str, str, int], owner: str, reply: ModelReply) -> None:
+    """Storing a reply the provider answered failed: give the lease up and,
+    if this copy still held it (storing a reply gives it up in the same
+    commit, so the reply was not stored), add the call's usage to the
+    job's tree totals and say so in a ``usage`` event (``unstored``): the
+    provider was paid, and the step's retry calls it again. Best effort:
+    the database may be what failed."""
+    conversation_id, turn_id, step = ids
+    try:
+        with rt.transaction() as (session, outbox):
+            # the conversation's row first: the one lock order
+            released = session.execute(
+                release(True, frozenset()).returning(table(Conversation).c.id),
+                {"b_conv": conversation_id, "b_owner": owner},
+            ).first()
+            turn = session.get(Turn, turn_id)
+            conv = session.get(Conversation, conversation_id)
+            if released is None or conv is None or turn is None:
+                return
+            record_paid(session, outbox, conv, turn, step, reply.usage, unstored=True)
+    except Exception:
+        log.warning("step %d: could not record the usage of an unstored reply", step, exc_info=True)
 
 
 def _add_usage(
@@ -398,11 +425,13 @@ def _one_statement(
     store? On Postgres, for a job's own turn on its root conversation (no
     other turn's row to lock first), no tool-call budget to check under
     the lock, no final answer to validate, no built-in call answered in
-    the step, and not too many calls for one statement."""
+    the step, and not too many calls for one statement (nor for one reply:
+    ``CHORUS_MAX_REPLY_TOOL_CALLS``)."""
     conv, turn, job = lease
+    calls = len(reply.tool_calls)
     return (
         rt.postgres
-        and 0 < len(reply.tool_calls) <= _ONE_STATEMENT_CALLS
+        and 0 < calls <= min(_ONE_STATEMENT_CALLS, rt.settings.max_reply_tool_calls)
         and conv.id == conv.root_id
         and job.id == turn.id
         and tool_calls_left(job) is None
@@ -442,7 +471,8 @@ def _store_batch(
     }
     message = _assistant_message(conversation_id, turn_id, step, reply)
     with rt.autocommit() as connection:
-        rows, tasks = _call_rows(connection, outbox, (conv, turn), spec, step, reply, (None, None))
+        checks = (None, None, None)
+        rows, tasks = _call_rows(connection, outbox, (conv, turn), spec, step, reply, checks)
         new: list[NewRow] = [(MessageRow, message), *((ToolCallRow, row) for row in rows)]
         params.update(new_row_params(new))
         stored = outbox.flush_if(connection, STEP_MOVE, params, batch_riders(len(rows)))
@@ -463,19 +493,19 @@ def _record_calls(
     step: int,
     reply: ModelReply,
     totals: dict[str, Any],
-    errors: list[str] | None,
-    left: int | None,
+    checks: tuple[list[str] | None, int | None, int | None],
 ) -> list[Action] | None:
     """Store the tool calls, segment by segment, and return segment 0 to run.
-    A rejected final answer, a call to a tool the agent was not given, or a
-    call past the job's tool-call budget (``left``), is stored with its
-    error result and not run; a plan or handoff call is answered here
-    (:func:`_answer_here`)."""
+    A rejected final answer, a call to a tool the agent was not given, a
+    call past the job's tool-call budget or past the calls one reply may
+    make (``checks``: the final answer's errors, the calls the job has
+    left, the reply's cap), is stored with its error result and not run; a
+    plan or handoff call is answered here (:func:`_answer_here`)."""
     if not move_cursor(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
         return None
-    rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, (errors, left))
+    rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, checks)
     session.execute(STORE_CALLS, rows)
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
@@ -487,13 +517,13 @@ def _call_rows(
     spec: AgentSpec,
     step: int,
     reply: ModelReply,
-    checks: tuple[list[str] | None, int | None],
+    checks: tuple[list[str] | None, int | None, int | None],
 ) -> tuple[list[dict[str, Any]], list[ToolTask]]:
     """The rows of the reply's tool calls, with their events, and the
-    tasks of segment 0. ``checks``: the final answer's errors and the
-    tool calls the job has left (see :func:`_record_calls`)."""
+    tasks of segment 0. ``checks``: the final answer's errors, the tool
+    calls the job has left and the reply's cap (see :func:`_record_calls`)."""
     conv, turn = where
-    errors, left = checks
+    errors, left, cap = checks
     tasks: list[ToolTask] = []
     handed: list[str] = []  # the batch's handoff target, once one is accepted
     rows: list[dict[str, Any]] = []  # stored with one INSERT (Core: no ORM objects)
@@ -522,6 +552,8 @@ def _call_rows(
             refused = rejection(errors)
         elif refused is None and left is not None and position >= left:
             refused = f"Error: not run: {NO_MORE_TOOLS}"
+        if cap is not None and position >= cap:
+            refused = f"Error: not run: one reply may make at most {cap} tool calls"
         outbox.record(
             EventName.SUBAGENT_REQUESTED
             if is_subagent_call(call.tool)

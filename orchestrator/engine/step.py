@@ -33,7 +33,13 @@ from orchestrator.engine.output import (
     final_answer_tool,
 )
 from orchestrator.engine.outputs import read_output_tool
-from orchestrator.engine.persist import carried, load_owned, persist, record_superseded
+from orchestrator.engine.persist import (
+    carried,
+    load_owned,
+    persist,
+    record_superseded,
+    record_unstored,
+)
 from orchestrator.engine.planning import plan_tool
 from orchestrator.engine.prebuilt import run
 from orchestrator.engine.settle import settle
@@ -175,25 +181,38 @@ def run_step(
     the cursor has moved on; persist the reply and return what runs next.
 
     A step that raises gives its lease up first, so its retry (or the
-    sweeper) need not wait for the lease to expire."""
+    sweeper) need not wait for the lease to expire; if the provider had
+    answered, the call's usage is recorded with it (the retry calls the
+    model again)."""
+    answered: list[ModelReply] = []  # the provider's reply, once it came
     try:
-        actions = _run_step(rt, conversation_id, turn_id, step, owner)
+        actions = _run_step(rt, conversation_id, turn_id, step, owner, answered)
     except BaseException:
-        _give_up_lease(rt, conversation_id, owner)
+        _give_up_lease(rt, (conversation_id, turn_id, step), owner, answered)
         raise
     return settle(rt, actions)  # a turn's end: the dequeue or parent's advance if due
 
 
-def _give_up_lease(rt: Runtime, conversation_id: str, owner: str) -> None:
+def _give_up_lease(
+    rt: Runtime, ids: tuple[str, str, int], owner: str, answered: list[ModelReply]
+) -> None:
+    if answered:
+        record_unstored(rt, ids, owner, answered[0])
+        return
     try:
         with rt.autocommit() as connection:
-            _release_lease(connection, conversation_id, owner)
+            _release_lease(connection, ids[0], owner)
     except Exception:  # the database itself may be what failed; the lease then expires
-        log.warning("could not release the lease of %s", conversation_id, exc_info=True)
+        log.warning("could not release the lease of %s", ids[0], exc_info=True)
 
 
 def _run_step(
-    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
+    rt: Runtime,
+    conversation_id: str,
+    turn_id: str,
+    step: int,
+    owner: str,
+    answered: list[ModelReply],
 ) -> list[Action]:
     began = time.monotonic()
     warm()  # before admission: an admitted call is sent at once, not after imports
@@ -277,6 +296,7 @@ def _run_step(
         return _model_failed(
             rt, conversation_id, turn_id, step, owner, exc, spec.retry, admitted=admitted
         )
+    answered.append(reply)
     deltas.flush()  # the rest of the text, before the reply's own events
     record_output(
         rt.redis,
