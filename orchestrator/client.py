@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
@@ -492,12 +493,17 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
     with job._client.streams.subscribe(_stream(job)) as subscription:
         stale = True
         announced = last  # the highest seq seen live
+        # deltas that came after an announced event not yet read, with its
+        # seq: each is yielded once that event is (a step's llm.requested
+        # precedes its text)
+        held: deque[tuple[int, Event]] = deque()
         while True:
             if stale:
                 stored = _stored(job, correlation_id, last)
                 for event in stored:
                     last = event.seq or last
                     yield event
+                    yield from _due(held, last)
                     if _is_end(job, event):
                         return
                 if not stored and job.status().status.finished:
@@ -514,10 +520,17 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
                     continue
                 if event.seq is None:
                     if deltas:
-                        yield event
+                        held.append((announced, event))
+                        yield from _due(held, last)
                 elif event.seq > last:
                     announced = max(announced, event.seq)
                     stale = True
+
+
+def _due(held: deque[tuple[int, Event]], last: int) -> Iterator[Event]:
+    """The held deltas whose announced event is yielded (``last``), in order."""
+    while held and held[0][0] <= last:
+        yield held.popleft()[1]
 
 
 def _stream(job: Job) -> str:

@@ -340,20 +340,21 @@ class Outbox:
         """Forget the pending events (their transaction is rolled back)."""
         self.pending.clear()
 
-    def flush(self, session: Session) -> None:
+    def flush(self, db: Db) -> None:
         """Store the pending events with one INSERT (one per
         :data:`_INSERTED_AT_ONCE`), numbering them (see the module's
-        docstring), and keep them for :meth:`publish`. The session's own
+        docstring), and keep them for :meth:`publish`. A session's own
         changes are flushed first, as before any statement."""
         if not self.pending:
             return
-        session.flush()
-        postgres = _dialect(session) == "postgresql"
+        if isinstance(db, Session):
+            db.flush()
+        connection = connection_of(db)
+        postgres = connection.dialect.name == "postgresql"
         while self.pending:
             rows, params = self._take(postgres, _INSERTED_AT_ONCE)
             statement = _insert(len(rows), postgres)
-            stored = _stored(session.connection(), len(rows), statement, params)
-            self._numbered(postgres, rows, stored)
+            self._numbered(postgres, rows, _stored(connection, len(rows), statement, params))
 
     def flush_if(
         self,

@@ -85,13 +85,6 @@ from schemas.specs import SUBAGENT_PREFIX
 log = logging.getLogger(__name__)
 
 
-def carried(admitted: Outbox | None) -> Outbox:
-    """An outbox for the next transaction, holding the events recorded
-    before it (``llm.requested``); a rollback of that transaction leaves
-    ``admitted`` as it was, for the one that follows."""
-    return Outbox(pending=list(admitted.pending) if admitted is not None else [])
-
-
 def load_owned(
     session: Session, conversation_id: str, turn_id: str, step: int, owner: str
 ) -> tuple[Conversation, Turn, Turn] | None:
@@ -163,7 +156,6 @@ def persist(
     reply: ModelReply,
     clocks: tuple[float, float],
     tools_allowed: bool,
-    admitted: Outbox,
     leased: tuple[LeasedConversation, LeasedTurn, JobRow, AgentSpec],
 ) -> list[Action]:
     """``clocks``: monotonic times the model call and the step task began;
@@ -171,12 +163,12 @@ def persist(
     conversation_id, turn_id, step = ids
     conv, turn, job, spec = leased
     if tools_allowed and _one_statement(rt, spec, reply, (conv, turn, job)):
-        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec), admitted)
+        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec))
     actions = _persist_owned(
-        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed, admitted
+        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed
     )
     if actions is None:  # the lease was lost or the cursor moved while the model ran
-        record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
+        record_superseded(rt, conversation_id, turn_id, step, reply)
         return []
     return actions
 
@@ -190,13 +182,11 @@ def _persist_owned(
     reply: ModelReply,
     clocks: tuple[float, float],
     tools_allowed: bool,
-    admitted: Outbox,
 ) -> list[Action] | None:
     """Store the reply if this copy still owns the step; None if it does not."""
-    with rt.transaction(carried(admitted)) as (session, outbox):
+    with rt.transaction() as (session, outbox):
         loaded = load_owned(session, conversation_id, turn_id, step, owner)
-        if loaded is None:  # the caller stores llm.requested with the usage
-            outbox.discard()
+        if loaded is None:
             return None
         conv, turn, job = loaded
         spec = AgentSpec.model_validate(conv.agent_spec)
@@ -254,11 +244,10 @@ def record_superseded(
     turn_id: str,
     step: int,
     reply: ModelReply,
-    admitted: Outbox | None = None,
 ) -> None:
     """A reply that is not stored was still paid for: add its usage to the
     job's tree totals and say so in a ``usage`` event (``superseded``)."""
-    with rt.transaction(carried(admitted)) as (session, outbox):
+    with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         turn = session.get(Turn, turn_id)
         if conv is None or turn is None:
@@ -447,7 +436,6 @@ def _store_batch(
     reply: ModelReply,
     clocks: tuple[float, float],
     lease: tuple[LeasedConversation, LeasedTurn, AgentSpec],
-    admitted: Outbox,
 ) -> list[Action]:
     """Store a batch of tools to run (:func:`_one_statement`) in one
     statement committed on its own: the cursor's move to segment 0 and the
@@ -458,7 +446,7 @@ def _store_batch(
     What :func:`persist` stores in a transaction, in one round trip."""
     conversation_id, turn_id, step = ids
     conv, turn, spec = lease
-    outbox = carried(admitted)
+    outbox = Outbox()
     _record_reply(outbox, conv, turn, step, reply, clocks)
     usage = reply.usage
     params = {
@@ -477,7 +465,7 @@ def _store_batch(
         params.update(new_row_params(new))
         stored = outbox.flush_if(connection, STEP_MOVE, params, batch_riders(len(rows)))
     if not stored:  # the lease was lost or the cursor moved while the model ran
-        record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
+        record_superseded(rt, conversation_id, turn_id, step, reply)
         return []
     rt.publish(outbox)
     log.info("step %d: model answered with %d tool calls (tools)", step, len(reply.tool_calls))

@@ -34,7 +34,6 @@ from orchestrator.engine.output import (
 )
 from orchestrator.engine.outputs import read_output_tool
 from orchestrator.engine.persist import (
-    carried,
     load_owned,
     persist,
     record_superseded,
@@ -227,7 +226,6 @@ def _run_step(
     if step >= spec.max_steps:
         return _past_max_steps(rt, ids, owner, spec.max_steps)
     over = exceeded(job)
-    admitted = Outbox()  # llm.requested, stored with what this step stores next
     if over is not None:
         with rt.autocommit() as connection:
             _release_lease(connection, conversation_id, owner)
@@ -246,10 +244,12 @@ def _run_step(
         size = request_tokens(messages, tools, prompt.chars)
         fits = spec.context_tokens is None or size <= spec.context_tokens
         # past the context limit a checkpoint comes first, and admission after it
+        admitted = Outbox()
         wait = _admit(rt, admitted, conv, turn, step, spec, size) if fits else 0.0
         if wait > 0:
             with rt.autocommit() as connection:
                 return [_defer(connection, conv, wait, owner)]
+        _announce(rt, admitted)
     correlation_id = turn.correlation_id
     root_id = conv.root_id
     context_data = turn.context_data
@@ -293,9 +293,7 @@ def _run_step(
                 should_stop=cancel_watch(rt, correlation_id),
             )
     except ModelError as exc:
-        return _model_failed(
-            rt, conversation_id, turn_id, step, owner, exc, spec.retry, admitted=admitted
-        )
+        return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
     answered.append(reply)
     deltas.flush()  # the rest of the text, before the reply's own events
     record_output(
@@ -309,26 +307,21 @@ def _run_step(
     )
     reply = _qualified(reply, names)
     if lease.lost.is_set() or reply.stopped:
-        return _left(rt, ids, reply, admitted, lost=lease.lost.is_set())
+        return _left(rt, ids, reply, lost=lease.lost.is_set())
     leased = (conv, turn, job, spec)
-    return persist(rt, ids, owner, reply, (started, began), tools_allowed, admitted, leased)
+    return persist(rt, ids, owner, reply, (started, began), tools_allowed, leased)
 
 
-def _left(
-    rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, admitted: Outbox, *, lost: bool
-) -> list[Action]:
+def _left(rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, *, lost: bool) -> list[Action]:
     """The call ended but its reply is not this copy's to store: another copy
     took the lease (the usage still counts: the provider was paid) or the
-    job was cancelled (the request is still recorded)."""
+    job was cancelled."""
     conversation_id, turn_id, step = ids
     if lost:
         log.warning("step %d: another copy took the lease; leaving without persisting", step)
-        record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
+        record_superseded(rt, conversation_id, turn_id, step, reply)
     else:
         log.info("step %d: model call stopped: the job was cancelled", step)
-        if admitted.pending:
-            with rt.transaction(carried(admitted)):
-                pass
     return []
 
 
@@ -371,6 +364,17 @@ def _admit(
             worker=_worker(),
         )
     return wait
+
+
+def _announce(rt: Runtime, admitted: Outbox) -> None:
+    """Store and publish ``llm.requested`` (if the call was admitted) as
+    the call is sent, in its own commit: every follower sees the call start
+    before its text streams, the event carrying the number it is stored
+    with (a number is its transaction's, known only once it is stored)."""
+    if admitted.pending:
+        with rt.autocommit() as connection:
+            admitted.flush(connection)
+        rt.publish(admitted)
 
 
 def _defer_owned(
@@ -428,11 +432,10 @@ def _model_failed(
     owner: str,
     exc: ModelError,
     retry: RetryPolicy,
-    admitted: Outbox | None = None,
 ) -> list[Action]:
     """Retry a retryable failure after a backoff (the task ends; a new one
     is sent with a countdown, so no worker slot waits), else fail the turn."""
-    with rt.transaction(carried(admitted)) as (session, outbox):
+    with rt.transaction() as (session, outbox):
         loaded = load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
