@@ -270,10 +270,11 @@ def record_unstored(rt: Runtime, ids: tuple[str, str, int], owner: str, reply: M
                 release(True, frozenset()).returning(table(Conversation).c.id),
                 {"b_conv": conversation_id, "b_owner": owner},
             ).first()
-            turn = session.get(Turn, turn_id)
-            conv = session.get(Conversation, conversation_id)
-            if released is None or conv is None or turn is None:
+            if released is None:  # stored (that gave the lease up), or the lease was lost
                 return
+            conv = session.get(Conversation, conversation_id)
+            turn = session.get(Turn, turn_id)
+            assert conv is not None and turn is not None
             record_paid(session, outbox, conv, turn, step, reply.usage, unstored=True)
     except Exception:
         log.warning("step %d: could not record the usage of an unstored reply", step, exc_info=True)
