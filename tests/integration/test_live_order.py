@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from orchestrator import Client, Job, Settings
 from schemas import Event, EventName
@@ -22,29 +23,44 @@ def _follow(job: Job, seen: list[Event], following: threading.Event) -> None:
         following.set()
 
 
+def _follower(job: Job, seen: list[Event]) -> threading.Thread:
+    """A thread following ``job`` into ``seen``, once it has seen its first event."""
+    following = threading.Event()
+    thread = threading.Thread(target=_follow, args=(job, seen, following))
+    thread.start()
+    assert following.wait(30), "the follower saw nothing"
+    return thread
+
+
 def test_every_follower_sees_a_model_call_start_before_its_text(
     client: Client, workers: Any, settings: Settings
 ) -> None:
-    # Given a job followed from its start
+    # Given a job followed from its start, its model call not sent yet
+    llm = [workers["llm"].name]
+    assert client.celery.control.cancel_consumer("llm", destination=llm, reply=True)
     gate = uuid.uuid4().hex
-    job = client.submit("gated", f"{gate} streamed")
     early: list[Event] = []
-    early_following = threading.Event()
-    threads = [threading.Thread(target=_follow, args=(job, early, early_following))]
-    threads[0].start()
-    # ... whose model call is under way, and a follower joining while it runs
-    _until(gate_path(settings.state_dir, f"{gate}-started").exists, "the call never started")
     late: list[Event] = []
-    late_following = threading.Event()
-    threads.append(threading.Thread(target=_follow, args=(job, late, late_following)))
-    threads[1].start()
-    assert early_following.wait(30) and late_following.wait(30)
+    try:
+        job = client.submit("gated", f"{gate} streamed")
+        threads = [_follower(job, early)]
+        with client.runtime.session() as older:
+            # ... and an older transaction open (anywhere in the cluster): what
+            # commits meanwhile is announced live but not readable until it ends
+            older.execute(text("SELECT pg_current_xact_id()"))
+            assert client.celery.control.add_consumer("llm", destination=llm, reply=True)
+            started = gate_path(settings.state_dir, f"{gate}-started")
+            _until(started.exists, "the model call never started")
+            # ... and a follower joining while the call runs
+            threads.append(_follower(job, late))
 
-    # When the model streams its answer
-    gate_path(settings.state_dir, gate).touch()
+            # When the model streams its answer, and the turn ends
+            gate_path(settings.state_dir, gate).touch()
+            assert job.result(timeout=60) == "done streamed"
+    finally:
+        client.celery.control.add_consumer("llm", destination=llm, reply=True)
     for thread in threads:
         thread.join(60)
-    assert job.result(timeout=5) == "done streamed"
 
     # Then each follower saw the step's llm.requested before any of its text
     for seen in (early, late):
