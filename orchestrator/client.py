@@ -492,15 +492,16 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
     before ``since`` (a follower resuming a finished turn), as soon as
     Postgres shows the turn finished.
     """
-    with job._client.runtime.session() as session:
-        turn = session.get(Turn, job.id)
-        assert turn is not None
-        correlation_id = turn.correlation_id
     waiter = _Waiter(job, timeout)
     with job._client.streams.subscribe(_stream(job)) as subscription:
+        with job._client.runtime.session() as session:
+            turn = session.get(Turn, job.id)
+            assert turn is not None
+            correlation_id = turn.correlation_id
+            # after subscribing: whatever commits later is announced live
+            held = _HeldDeltas(committed_horizon(session) if deltas else None)
         stale = True
         announced = last  # the highest seq seen live
-        held = _HeldDeltas(job)
         while True:
             if stale:
                 stored = _stored(job, correlation_id, last, held)
@@ -543,9 +544,8 @@ class _HeldDeltas:
     below it is, that is before the first stored event at or above it, or
     after a read that reached it."""
 
-    def __init__(self, job: Job) -> None:
-        with job._client.runtime.session() as session:
-            self.horizon = committed_horizon(session) or 0  # 0: none to wait for
+    def __init__(self, horizon: int | None) -> None:
+        self.horizon = horizon or 0  # 0: nothing to wait for
         self.caught_up = self.horizon == 0
         self.deltas: deque[tuple[int, Event]] = deque()
 

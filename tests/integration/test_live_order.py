@@ -63,9 +63,9 @@ def test_every_follower_sees_a_model_call_start_before_its_text(
         thread.join(60)
 
     # Then each follower saw the step's llm.requested before any of its text
-    for seen in (early, late):
+    for who, seen in (("early", early), ("late", late)):
         names = [e.name for e in seen]
-        assert EventName.ASSISTANT_DELTA in names, names
+        assert EventName.ASSISTANT_DELTA in names, (who, names)
         assert names.index(EventName.LLM_REQUESTED) < names.index(EventName.ASSISTANT_DELTA)
         assert names[-1] is EventName.TURN_COMPLETED
         # ... and every stored event once, in order
