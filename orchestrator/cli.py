@@ -179,6 +179,28 @@ def ping(
 
 
 @app.command()
+def alive(
+    node: Annotated[str, typer.Option("--node", "-n", help="The node name, or 'beat'.")],
+    max_age: Annotated[
+        float, typer.Option(help="Seconds since the process last showed it runs.")
+    ] = 60.0,
+) -> None:
+    """Exit 0 if the worker NODE (or `beat`) runs on this host: its liveness
+    file in CHORUS_STATE_DIR was touched within MAX_AGE seconds. Needs no
+    Redis, so an outage does not restart the fleet (`chorus ping` says
+    whether it is reachable: a readiness probe)."""
+    from orchestrator.liveness import age
+    from orchestrator.supervisor import node_pattern
+
+    seconds = age(_settings().state_dir, node_pattern(node))
+    if seconds is None or seconds > max_age:
+        last = "never" if seconds is None else f"{seconds:.0f}s ago"
+        errors.print(f"{node}: not alive (last sign {last}, limit {max_age:g}s)", style="red")
+        raise typer.Exit(1)
+    console.print(f"{node}: alive ({seconds:.0f}s ago)")
+
+
+@app.command()
 def metrics(
     port: Annotated[int, typer.Option(help="Port of the /metrics endpoint.")] = 9108,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
@@ -334,10 +356,22 @@ def cancel_job(job_id: str) -> None:
 
 
 @app.command()
-def send(conversation: str, text: str) -> None:
-    """Send a message to a conversation: runs now if idle, else queued."""
+def send(
+    conversation: str,
+    text: str,
+    context_data: Annotated[
+        str | None, typer.Option("--context-data", help="A JSON object; default: the last job's.")
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option("--priority", help="0 to 9; default: the last job's.")
+    ] = None,
+) -> None:
+    """Send a message to a conversation: runs now if idle, else queued. Its
+    turn runs with the last job's context data, budget and priority unless
+    given."""
+    data = _context_data(context_data)
     client = _client()
-    entry = client.send(conversation, text)
+    entry = client.send(conversation, text, context_data=data, priority=priority)
     job = client.job_for_message(conversation, entry)
     console.print(f"message {entry}: " + (f"job {job.id}" if job else "queued"))
 

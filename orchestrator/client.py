@@ -30,8 +30,10 @@ from orchestrator.errors import (
     invalid,
 )
 from orchestrator.events import (
+    CUT,
     ENTRY_EVENT,
     committed_horizon,
+    is_cut,
     row_to_event,
     snapshot_bound,
     visible_below,
@@ -51,6 +53,7 @@ from schemas import (
     JobRequest,
     JobStatus,
     Message,
+    MessageOptions,
     TodoItem,
     TurnStatus,
     Usage,
@@ -144,15 +147,30 @@ class Client:
                 raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
             return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id))
 
-    def send(self, conversation_id: str, text: str) -> str:
+    def send(
+        self,
+        conversation_id: str,
+        text: str,
+        *,
+        context_data: dict[str, Any] | None = None,
+        budget: Budget | None = None,
+        priority: int | None = None,
+    ) -> str:
         """Send a message to a conversation; returns its queue entry id.
 
         An idle conversation starts a turn on it at once; a busy one keeps it
         in its Redis queue (``message.queued``) until the running turn ends,
         then starts a turn per message, in order (``message.dequeued``).
-        :meth:`job_for_message` finds the job a message started.
+        :meth:`job_for_message` finds the job a message started. The turn
+        runs with the ``context_data``, budget and priority of the
+        conversation's last job (read when it starts), each unless given
+        here.
         """
-        entry, actions = inbox.send(self.runtime, _known(conversation_id), text)
+        try:
+            options = MessageOptions(context_data=context_data, budget=budget, priority=priority)
+        except ValidationError as exc:
+            raise invalid(exc, "message") from None
+        entry, actions = inbox.send(self.runtime, _known(conversation_id), text, options)
         dispatch(self.celery, actions)
         return entry
 
@@ -397,8 +415,11 @@ _STATUS = select(
         )
     )
 ).where(_TURN.c.id == bindparam("id"))
-#: The events that end a turn, by the name their stream entries carry.
-_TERMINAL_NAMES = frozenset(name.value for name in TERMINAL_TURN_EVENTS)
+#: The events that end a turn, by the name their stream entries carry
+#: (whole, or cut: too large for an entry).
+_TERMINAL_NAMES = frozenset(
+    name for event in TERMINAL_TURN_EVENTS for name in (event.value, CUT + event.value)
+)
 
 
 def _is_end(job: Job, event: Event) -> bool:
@@ -480,8 +501,8 @@ def _wait_end(job: Job, timeout: float | None) -> JobStatus | Event:
                     break
                 for _, fields in entries:
                     event = Event.model_validate_json(fields[ENTRY_EVENT])
-                    if _is_end(job, event):
-                        return event
+                    if _is_end(job, event):  # a cut one has no output: ask Postgres
+                        return job.status() if is_cut(fields) else event
 
 
 def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterator[Event]:

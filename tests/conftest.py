@@ -22,6 +22,8 @@ from tests.services import Services, provide_services
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODULES = "tests.agents"
+#: The tests' inline specs call loopback model servers on any port.
+LOOPBACK_ENDPOINTS = "http://127.0.0.1"
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +48,7 @@ def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Se
         max_children=200,
         max_depth=3,
         sweep_interval=2.0,
+        model_endpoints=[LOOPBACK_ENDPOINTS],
     )
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session
 
 from orchestrator import registry
-from orchestrator.engine.access import may_call, refusal
+from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
@@ -101,17 +102,19 @@ def load_owned(
     return conv, turn, job
 
 
-def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]:
+def _segments(
+    spec: AgentSpec, reply: ModelReply, offered: Collection[str]
+) -> list[tuple[int, bool, str]]:
     """(segment, parallelizable, queue) per call: a maximal run of
     parallelizable calls shares a segment, cut every ``max_parallel_tools``
     calls when the agent sets it; each other call is its own. Only the
-    agent's own tools are looked up: any other call is refused."""
+    agent's own tools the step offered are looked up: any other call is refused."""
     out: list[tuple[int, bool, str]] = []
     segment, prev_parallel, size = -1, False, 0
     cap = spec.max_parallel_tools
     for call in reply.tool_calls:
         parallel, queue = True, "tools"  # a call answered in the step (an error, a built-in)
-        if may_call(spec, call.tool):
+        if refusal(spec, call.tool, offered) is None:
             try:
                 tool = (
                     subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
@@ -157,15 +160,18 @@ def persist(
     clocks: tuple[float, float],
     tools_allowed: bool,
     leased: tuple[LeasedConversation, LeasedTurn, JobRow, AgentSpec],
+    offered: Collection[str],
 ) -> list[Action]:
     """``clocks``: monotonic times the model call and the step task began;
-    ``leased``: what the step read as it took the lease, and the spec."""
+    ``leased``: what the step read as it took the lease, and the spec;
+    ``offered``: the qualified names of the tools the step offered (a call
+    to any other name is refused: :func:`~orchestrator.engine.access.refusal`)."""
     conversation_id, turn_id, step = ids
     conv, turn, job, spec = leased
     if tools_allowed and _one_statement(rt, spec, reply, (conv, turn, job)):
-        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec))
+        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec), offered)
     actions = _persist_owned(
-        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed
+        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed, offered
     )
     if actions is None:  # the lease was lost or the cursor moved while the model ran
         record_superseded(rt, conversation_id, turn_id, step, reply)
@@ -182,6 +188,7 @@ def _persist_owned(
     reply: ModelReply,
     clocks: tuple[float, float],
     tools_allowed: bool,
+    offered: Collection[str],
 ) -> list[Action] | None:
     """Store the reply if this copy still owns the step; None if it does not."""
     with rt.transaction() as (session, outbox):
@@ -204,7 +211,7 @@ def _persist_owned(
         totals = _add_usage(session, outbox, conv, (turn, job), step, reply, clocks, runs)
         if verdict == "tools":
             actions = _record_calls(
-                session, outbox, conv, turn, spec, step, reply, totals, (errors, left, cap)
+                session, outbox, conv, turn, spec, step, reply, totals, (errors, left, cap), offered
             )
         elif verdict == "nudge":
             actions = _nudge(session, conv, turn_id, step, totals)
@@ -437,6 +444,7 @@ def _store_batch(
     reply: ModelReply,
     clocks: tuple[float, float],
     lease: tuple[LeasedConversation, LeasedTurn, AgentSpec],
+    offered: Collection[str],
 ) -> list[Action]:
     """Store a batch of tools to run (:func:`_one_statement`) in one
     statement committed on its own: the cursor's move to segment 0 and the
@@ -460,8 +468,9 @@ def _store_batch(
     }
     message = _assistant_message(conversation_id, turn_id, step, reply)
     with rt.autocommit() as connection:
-        checks = (None, None, None)
-        rows, tasks = _call_rows(connection, outbox, (conv, turn), spec, step, reply, checks)
+        rows, tasks = _call_rows(
+            connection, outbox, (conv, turn), spec, step, reply, (None, None, None), offered
+        )
         new: list[NewRow] = [(MessageRow, message), *((ToolCallRow, row) for row in rows)]
         params.update(new_row_params(new))
         stored = outbox.flush_if(connection, STEP_MOVE, params, batch_riders(len(rows)))
@@ -483,9 +492,10 @@ def _record_calls(
     reply: ModelReply,
     totals: dict[str, Any],
     checks: tuple[list[str] | None, int | None, int | None],
+    offered: Collection[str],
 ) -> list[Action] | None:
     """Store the tool calls, segment by segment, and return segment 0 to run.
-    A rejected final answer, a call to a tool the agent was not given, a
+    A rejected final answer, a call to a tool the step did not offer, a
     call past the job's tool-call budget or past the calls one reply may
     make (``checks``: the final answer's errors, the calls the job has
     left, the reply's cap), is stored with its error result and not run; a
@@ -494,7 +504,7 @@ def _record_calls(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
         return None
-    rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, checks)
+    rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, checks, offered)
     session.execute(STORE_CALLS, rows)
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
@@ -507,6 +517,7 @@ def _call_rows(
     step: int,
     reply: ModelReply,
     checks: tuple[list[str] | None, int | None, int | None],
+    offered: Collection[str],
 ) -> tuple[list[dict[str, Any]], list[ToolTask]]:
     """The rows of the reply's tool calls, with their events, and the
     tasks of segment 0. ``checks``: the final answer's errors, the tool
@@ -517,7 +528,7 @@ def _call_rows(
     handed: list[str] = []  # the batch's handoff target, once one is accepted
     rows: list[dict[str, Any]] = []  # stored with one INSERT (Core: no ORM objects)
     for position, (call, (segment, parallel, queue)) in enumerate(
-        zip(reply.tool_calls, _segments(spec, reply), strict=True)
+        zip(reply.tool_calls, _segments(spec, reply, offered), strict=True)
     ):
         row: dict[str, Any] = {
             "id": new_id(),
@@ -536,7 +547,7 @@ def _call_rows(
             "is_error": False,
             "finished_at": None,
         }
-        refused = refusal(spec, call.tool)
+        refused = refusal(spec, call.tool, offered)
         if call.tool == FINAL_ANSWER and errors is not None:
             refused = rejection(errors)
         elif refused is None and left is not None and position >= left:

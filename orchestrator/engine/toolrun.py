@@ -107,8 +107,8 @@ def run_tool(
     call, turn, conv = claimed
     _bind(call, turn, conv)
     spec = AgentSpec.model_validate(conv.agent_spec)
-    refused = refusal(spec, call.tool)
-    if refused is not None:  # never run a tool the agent was not given
+    refused = refusal(spec, call.tool) or _exhausted(rt, call)
+    if refused is not None:  # never run a tool the agent was not given, nor one past its runs
         with rt.transaction() as (session, outbox):
             _store_result(session, outbox, call, turn, conv, refused, True)
         return []
@@ -126,7 +126,9 @@ def run_tool(
         conversation_id=conv.id,
         root_id=conv.root_id,
         turn_id=turn.id,
-        tool_request_id=call.tool_request_id,
+        # the call's own row id, not the provider's id (which may repeat):
+        # unique per call and the same for every copy of its task
+        tool_request_id=call.id,
         context_data=dict(turn.context_data),
     )
     try:
@@ -157,6 +159,23 @@ def run_tool(
     elif stored:
         rt.publish(started)
     return []
+
+
+def _exhausted(rt: Runtime, call: CallFields) -> str | None:
+    """The error result of a call claimed more than ``max_tool_attempts``
+    times, or None. Each claim counts a run; a claim finding the call
+    already running means the run before it never recorded its result: its
+    process died (a tool that kills its process is redelivered at once by a
+    prefork pool) or the result was lost. Past the bound the call is not run
+    again: the model sees the error and the turn goes on."""
+    died = call.attempts - 1
+    if died < rt.settings.max_tool_attempts:
+        return None
+    log.warning("tool %s not run again: its process died %d times", call.tool, died)
+    return (
+        f"Error: tool {call.tool!r} was not run again: the tool's process died {died} "
+        "times while running this call"
+    )
 
 
 def _bind(call: CallFields, turn: TurnFields, conv: ConversationFields) -> None:
