@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import bindparam
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from orchestrator import registry
 from orchestrator.celery_conf import make_celery
@@ -394,11 +395,16 @@ class Job:
         return _follow(self, _since(since), _timeout(timeout), deltas)
 
 
-def _stored(job: Job, correlation_id: str, after: int) -> list[Event]:
+def _stored(
+    job: Job, correlation_id: str, after: int, held: _HeldDeltas | None = None
+) -> list[Event]:
     """The job's stored events after ``after``, in order, up to the bound
     below which nothing can commit any more (so resuming after the last one
-    never skips an event that commits later)."""
+    never skips an event that commits later). ``held``: told, before the
+    read, how far it reaches (:meth:`_HeldDeltas.catch_up`)."""
     with job._client.runtime.session() as session:
+        if held is not None:
+            held.catch_up(session)
         query = select(EventRow).where(
             EventRow.root_id == job.root_id,
             EventRow.seq > after,
@@ -411,7 +417,9 @@ def _stored(job: Job, correlation_id: str, after: int) -> list[Event]:
         return [row_to_event(r) for r in rows]
 
 
-def _rest(job: Job, correlation_id: str, after: int, waiter: _Waiter) -> list[Event]:
+def _rest(
+    job: Job, correlation_id: str, after: int, waiter: _Waiter, held: _HeldDeltas
+) -> list[Event]:
     """Every stored event after ``after`` that committed before this call:
     waits (within the waiter's timeout) until the transactions older than
     them have all ended."""
@@ -422,7 +430,7 @@ def _rest(job: Job, correlation_id: str, after: int, waiter: _Waiter) -> list[Ev
             session.rollback()
             time.sleep(waiter.remaining(pause))
             pause = min(QUIET_POLL, pause * 2)
-    return _stored(job, correlation_id, after)
+    return _stored(job, correlation_id, after, held)
 
 
 _TURN = table(Turn)
@@ -548,40 +556,96 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
     before ``since`` (a follower resuming a finished turn), as soon as
     Postgres shows the turn finished.
     """
-    with job._client.runtime.session() as session:
-        turn = session.get(Turn, job.id)
-        assert turn is not None
-        correlation_id = turn.correlation_id
     waiter = _Waiter(job, timeout)
     with job._client.streams.subscribe(_stream(job)) as subscription:
+        with job._client.runtime.session() as session:
+            turn = session.get(Turn, job.id)
+            assert turn is not None
+            correlation_id = turn.correlation_id
+            # after subscribing: whatever commits later is announced live
+            held = _HeldDeltas(committed_horizon(session) if deltas else None)
         stale = True
         announced = last  # the highest seq seen live
         while True:
             if stale:
-                stored = _stored(job, correlation_id, last)
-                for event in stored:
+                stored = _stored(job, correlation_id, last, held)
+                for event in held.after(stored, last):
                     last = event.seq or last
                     yield event
                     if _is_end(job, event):
                         return
                 if not stored and job.status().status.finished:
                     # Its end is at or before ``since``, or was stored just now.
-                    yield from _rest(job, correlation_id, last, waiter)
+                    rest = _rest(job, correlation_id, last, waiter, held)
+                    yield from held.after(rest, last)
                     return
-            events = waiter.wait(subscription, behind=announced > last)
+            behind = announced > last or held.waiting()
+            events = waiter.wait(subscription, behind=behind)
             # on a quiet period look in Postgres anyway; and while an
             # announced event is not readable yet (an older transaction is
             # still open), look again even if only deltas came meanwhile
-            stale = events is None or announced > last
+            stale = events is None or behind
             for event in events or []:
                 if event.correlation_id != correlation_id:
                     continue
                 if event.seq is None:
                     if deltas:
-                        yield event
+                        yield from held.add(announced, event, last)
                 elif event.seq > last:
                     announced = max(announced, event.seq)
                     stale = True
+
+
+class _HeldDeltas:
+    """Live deltas a follower holds until it has yielded the stored events
+    committed before they came (a step's ``llm.requested`` precedes its
+    text): those announced live before a delta (their seq), and, for a
+    follower that joined while older transactions still ran (a call under
+    way, its ``llm.requested`` not readable yet), every event numbered
+    below the cluster's horizon when it joined.
+
+    Each delta waits for a ``mark``: it is yielded once every stored event
+    below it is, that is before the first stored event at or above it, or
+    after a read that reached it."""
+
+    def __init__(self, horizon: int | None) -> None:
+        self.horizon = horizon or 0  # 0: nothing to wait for
+        self.caught_up = self.horizon == 0
+        self.deltas: deque[tuple[int, Event]] = deque()
+
+    def catch_up(self, session: Session) -> None:
+        """Before a read of stored events: the read returns every event
+        below the horizon if its bound has passed it (bounds only grow)."""
+        if not self.caught_up and snapshot_bound(session) >= self.horizon:
+            self.caught_up = True
+
+    def waiting(self) -> bool:
+        """Are deltas held for events committed before the follower joined?"""
+        return bool(self.deltas) and not self.caught_up
+
+    def _through(self, last: int) -> int:
+        """Every stored event below this is yielded (``last``: the latest)."""
+        return max(last + 1, self.horizon if self.caught_up else 0)
+
+    def add(self, announced: int, delta: Event, last: int) -> Iterator[Event]:
+        """Hold ``delta``, which came after the events announced up to
+        ``announced``; yield what is due."""
+        mark = announced + 1 if self.caught_up else max(announced + 1, self.horizon)
+        self.deltas.append((mark, delta))
+        return self._due(self._through(last))
+
+    def _due(self, through: int) -> Iterator[Event]:
+        while self.deltas and self.deltas[0][0] <= through:
+            yield self.deltas.popleft()[1]
+
+    def after(self, stored: list[Event], last: int) -> Iterator[Event]:
+        """``stored`` (one read, after ``last``), each event preceded by the
+        held deltas it lets go, and then those the whole read lets go."""
+        for event in stored:
+            last = event.seq or last
+            yield from self._due(last)
+            yield event
+        yield from self._due(self._through(last))
 
 
 def _stream(job: Job) -> str:

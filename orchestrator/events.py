@@ -219,6 +219,9 @@ def _row(index: int, postgres: bool) -> dict[str, ColumnElement[Any]]:
 #: Events of one statement up to which the statement is built once and
 #: reused; a larger batch (a wide fan-out's) is built for its own flush.
 _REUSED_UP_TO = 32
+#: Most events one INSERT stores (9 parameters each): a larger flush is
+#: several statements, as a statement may carry at most 65,535 parameters.
+_INSERTED_AT_ONCE = 1000
 
 
 #: Further writes of a guarded flush (:meth:`Outbox.flush_if`): given the
@@ -337,17 +340,21 @@ class Outbox:
         """Forget the pending events (their transaction is rolled back)."""
         self.pending.clear()
 
-    def flush(self, session: Session) -> None:
-        """Store the pending events with one INSERT, numbering them (see the
-        module's docstring), and keep them for :meth:`publish`. The
-        session's own changes are flushed first, as before any statement."""
+    def flush(self, db: Db) -> None:
+        """Store the pending events with one INSERT (one per
+        :data:`_INSERTED_AT_ONCE`), numbering them (see the module's
+        docstring), and keep them for :meth:`publish`. A session's own
+        changes are flushed first, as before any statement."""
         if not self.pending:
             return
-        session.flush()
-        postgres = _dialect(session) == "postgresql"
-        rows, params = self._take(postgres)
-        stored = _stored(session.connection(), len(rows), _insert(len(rows), postgres), params)
-        self._numbered(postgres, rows, stored)
+        if isinstance(db, Session):
+            db.flush()
+        connection = connection_of(db)
+        postgres = connection.dialect.name == "postgresql"
+        while self.pending:
+            rows, params = self._take(postgres, _INSERTED_AT_ONCE)
+            statement = _insert(len(rows), postgres)
+            self._numbered(postgres, rows, _stored(connection, len(rows), statement, params))
 
     def flush_if(
         self,
@@ -372,6 +379,8 @@ class Outbox:
         connection = connection_of(db)
         if connection.dialect.name != "postgresql":
             raise ValueError("flush_if needs Postgres; use a transaction and flush")
+        if len(self.pending) > _INSERTED_AT_ONCE:
+            raise ValueError(f"flush_if stores at most {_INSERTED_AT_ONCE} events")
         rows, values = self._take(postgres=True)
         if params:
             values.update(params)
@@ -383,10 +392,13 @@ class Outbox:
         self._numbered(True, rows, stored)
         return True
 
-    def _take(self, postgres: bool) -> tuple[list[Pending], dict[str, Any]]:
-        """The pending events, and the parameters that store them numbered
-        (see :func:`_row`)."""
-        rows, self.pending = self.pending, []
+    def _take(
+        self, postgres: bool, most: int | None = None
+    ) -> tuple[list[Pending], dict[str, Any]]:
+        """The pending events (the ``most`` first, if given), and the
+        parameters that store them numbered (see :func:`_row`)."""
+        cut = len(self.pending) if most is None else most
+        rows, self.pending = self.pending[:cut], self.pending[cut:]
         index = self.numbered
         self.numbered += len(rows)
         if self.numbered >= 1 << SEQ_BITS:

@@ -115,6 +115,12 @@ class Settings(BaseSettings):
         "cut. The model sees at most its agent's tool_output_limit of a result whole; a "
         "longer one is kept on its call's row and read back with read_tool_output.",
     )
+    max_reply_tool_calls: int = Field(
+        default=1000,
+        ge=1,
+        description="Most tool calls of one model reply that run; each call past it gets "
+        "an error result (the model sees it on its next step) and the turn goes on.",
+    )
     rate_limit_allowance: float = Field(
         default=0.25,
         ge=0,

@@ -145,6 +145,19 @@ register_script(
 )
 Agent("misbehaving", scripted_model("misbehaving"), tools=[add, explode, hang])
 
+#: Calls of one reply of "sprawling": past CHORUS_MAX_REPLY_TOOL_CALLS (1,000 by
+#: default), and their two events each (9 parameters an event) past the 65,535
+#: parameters one statement may carry.
+SPRAWL = 3700
+register_script(
+    "sprawling",
+    [
+        Reply.call(*(call("no_such_tool", i=i) for i in range(SPRAWL))),
+        lambda ms: Reply.say(f"results: {len(tool_results(ms))}"),
+    ],
+)
+Agent("sprawling", scripted_model("sprawling"), tools=[add])
+
 
 # -- context and multi-turn --------------------------------------------------
 
@@ -1167,20 +1180,47 @@ def gate_path(state_dir: str | Path, name: str) -> Path:
     return Path(state_dir) / f"gate-{name}"
 
 
-def _gated(messages: list[dict[str, Any]]) -> Reply:
-    """The input "GATE LABEL": mark GATE started, wait until the test opens
-    it (its file exists), then answer LABEL."""
-    gate, label = str(messages[-1]["content"]).split()
+def _at_gate(gate: str) -> None:
+    """Mark GATE started, then wait until the test opens it (its file exists)."""
     state_dir = os.environ["CHORUS_STATE_DIR"]
     gate_path(state_dir, f"{gate}-started").touch()
     deadline = time.monotonic() + 60
     while not gate_path(state_dir, gate).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _gated(messages: list[dict[str, Any]]) -> Reply:
+    """The input "GATE LABEL": wait at GATE, then answer LABEL."""
+    gate, label = str(messages[-1]["content"]).split()
+    _at_gate(gate)
     return Reply.say(f"done {label}")
 
 
 register_script("gated", [_gated])
 Agent("gated", scripted_model("gated"))
+
+
+# -- a tool-call budget spent by children at once: the input "GATE" starts
+# two children, each waiting at GATE-a or GATE-b, then calling add once
+
+
+def _add_at_gate(messages: list[dict[str, Any]]) -> Reply:
+    _at_gate(str(messages[-1]["content"]))
+    return Reply.call(call("add", a=1, b=1))
+
+
+register_script("gated-adder", [_add_at_gate, echo_results])
+Agent("gated-adder", scripted_model("gated-adder"), tools=[add])
+register_script(
+    "adder-lead",
+    [
+        lambda ms: Reply.call(
+            *(call("subagent__gated-adder", task=f"{ms[-1]['content']}-{c}") for c in "ab")
+        ),
+        echo_results,
+    ],
+)
+Agent("adder-lead", scripted_model("adder-lead"), subagents=["gated-adder"])
 
 
 #: Set in a worker's environment: each task it runs is recorded with the

@@ -63,6 +63,10 @@ LOCK_JOB = (
     .with_for_update()
 )
 
+#: The job's tool calls so far, read afresh once the root's row is locked
+#: (:func:`~orchestrator.engine.persist._tool_calls_left`).
+TREE_TOOL_CALLS = select(_TURNS.c.tree_tool_calls).where(_TURNS.c.id == bindparam("b_job"))
+
 #: The job's turn's columns that add one model call's usage to its tree
 #: totals (atomic increments); :func:`tree_params` gives their parameters.
 TREE_TOTALS: dict[str, Any] = {

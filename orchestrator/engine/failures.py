@@ -14,6 +14,7 @@ import logging
 import kombu.exceptions
 import redis
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import col, select
 
 from orchestrator.engine.actions import Action
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 _TRANSIENT = (
     OperationalError,  # connection lost, server restarting, deadlock, lock timeout
     InterfaceError,
+    PoolTimeoutError,  # no pooled connection free within the pool's timeout: a busy process
     redis.ConnectionError,
     redis.TimeoutError,
     kombu.exceptions.OperationalError,  # the broker is unreachable while sending

@@ -21,6 +21,7 @@ from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
+    TREE_TOOL_CALLS,
     JobRow,
     lock_job,
     record_paid,
@@ -52,6 +53,7 @@ from orchestrator.engine.stepstatements import (
     LeasedConversation,
     LeasedTurn,
     batch_riders,
+    release,
     usage_with_message,
 )
 from orchestrator.engine.subagents import is_subagent_call, subagent_tool
@@ -66,6 +68,7 @@ from orchestrator.store.tables import (
     ToolCallRow,
     Turn,
     new_id,
+    table,
     utcnow,
 )
 from schemas import (
@@ -81,13 +84,6 @@ from schemas.content import ContentBlock
 from schemas.specs import SUBAGENT_PREFIX
 
 log = logging.getLogger(__name__)
-
-
-def carried(admitted: Outbox | None) -> Outbox:
-    """An outbox for the next transaction, holding the events recorded
-    before it (``llm.requested``); a rollback of that transaction leaves
-    ``admitted`` as it was, for the one that follows."""
-    return Outbox(pending=list(admitted.pending) if admitted is not None else [])
 
 
 def load_owned(
@@ -163,7 +159,6 @@ def persist(
     reply: ModelReply,
     clocks: tuple[float, float],
     tools_allowed: bool,
-    admitted: Outbox,
     leased: tuple[LeasedConversation, LeasedTurn, JobRow, AgentSpec],
     offered: Collection[str],
 ) -> list[Action]:
@@ -174,12 +169,12 @@ def persist(
     conversation_id, turn_id, step = ids
     conv, turn, job, spec = leased
     if tools_allowed and _one_statement(rt, spec, reply, (conv, turn, job)):
-        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec), admitted, offered)
+        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec), offered)
     actions = _persist_owned(
-        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed, admitted, offered
+        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed, offered
     )
     if actions is None:  # the lease was lost or the cursor moved while the model ran
-        record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
+        record_superseded(rt, conversation_id, turn_id, step, reply)
         return []
     return actions
 
@@ -193,14 +188,12 @@ def _persist_owned(
     reply: ModelReply,
     clocks: tuple[float, float],
     tools_allowed: bool,
-    admitted: Outbox,
     offered: Collection[str],
 ) -> list[Action] | None:
     """Store the reply if this copy still owns the step; None if it does not."""
-    with rt.transaction(carried(admitted)) as (session, outbox):
+    with rt.transaction() as (session, outbox):
         loaded = load_owned(session, conversation_id, turn_id, step, owner)
-        if loaded is None:  # the caller stores llm.requested with the usage
-            outbox.discard()
+        if loaded is None:
             return None
         conv, turn, job = loaded
         spec = AgentSpec.model_validate(conv.agent_spec)
@@ -211,13 +204,14 @@ def _persist_owned(
             session, turn_id
         ) >= spec.output_retries:
             verdict = "give-up"
-        left = tool_calls_left(job)
-        runs = len(reply.tool_calls) if verdict == "tools" else 0
+        left = _tool_calls_left(session, conv, job)
+        cap = rt.settings.max_reply_tool_calls
+        runs = min(len(reply.tool_calls), cap) if verdict == "tools" else 0
         runs = runs if left is None else min(runs, left)
         totals = _add_usage(session, outbox, conv, (turn, job), step, reply, clocks, runs)
         if verdict == "tools":
             actions = _record_calls(
-                session, outbox, conv, turn, spec, step, reply, totals, errors, left, offered
+                session, outbox, conv, turn, spec, step, reply, totals, (errors, left, cap), offered
             )
         elif verdict == "nudge":
             actions = _nudge(session, conv, turn_id, step, totals)
@@ -233,22 +227,64 @@ def _persist_owned(
     return actions
 
 
+def _tool_calls_left(session: Session, conv: Conversation, job: Turn) -> int | None:
+    """Tool calls the job may still make (None: unlimited), read under the
+    root conversation's row lock, which every writer of the job's totals
+    holds: two steps of one tree storing calls at once (a fan-out's
+    children) cannot both spend the last ones. The job's totals read with
+    the step's own row (:func:`load_owned`) may predate a write that
+    committed while that statement waited for its lock; a statement after
+    the lock sees it. On the root that row is the step's own, held already;
+    elsewhere it is taken here, before any turn's row (the one lock order)."""
+    if tool_calls_left(job) is None:  # no tool-call budget: nothing to count
+        return None
+    if conv.id != conv.root_id:
+        lock_job(session, job.id)
+    used = session.execute(TREE_TOOL_CALLS, {"b_job": job.id}).scalar_one()
+    set_committed_value(job, "tree_tool_calls", used)
+    return tool_calls_left(job)
+
+
 def record_superseded(
     rt: Runtime,
     conversation_id: str,
     turn_id: str,
     step: int,
     reply: ModelReply,
-    admitted: Outbox | None = None,
 ) -> None:
     """A reply that is not stored was still paid for: add its usage to the
     job's tree totals and say so in a ``usage`` event (``superseded``)."""
-    with rt.transaction(carried(admitted)) as (session, outbox):
+    with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         turn = session.get(Turn, turn_id)
         if conv is None or turn is None:
             return
         record_paid(session, outbox, conv, turn, step, reply.usage, superseded=True)
+
+
+def record_unstored(rt: Runtime, ids: tuple[str, str, int], owner: str, reply: ModelReply) -> None:
+    """Storing a reply the provider answered failed: give the lease up and,
+    if this copy still held it (storing a reply gives it up in the same
+    commit, so the reply was not stored), add the call's usage to the
+    job's tree totals and say so in a ``usage`` event (``unstored``): the
+    provider was paid, and the step's retry calls it again. Best effort:
+    the database may be what failed."""
+    conversation_id, turn_id, step = ids
+    try:
+        with rt.transaction() as (session, outbox):
+            # the conversation's row first: the one lock order
+            released = session.execute(
+                release(True, frozenset()).returning(table(Conversation).c.id),
+                {"b_conv": conversation_id, "b_owner": owner},
+            ).first()
+            if released is None:  # stored (that gave the lease up), or the lease was lost
+                return
+            conv = session.get(Conversation, conversation_id)
+            turn = session.get(Turn, turn_id)
+            assert conv is not None and turn is not None
+            record_paid(session, outbox, conv, turn, step, reply.usage, unstored=True)
+    except Exception:
+        log.warning("step %d: could not record the usage of an unstored reply", step, exc_info=True)
 
 
 def _add_usage(
@@ -386,11 +422,13 @@ def _one_statement(
     store? On Postgres, for a job's own turn on its root conversation (no
     other turn's row to lock first), no tool-call budget to check under
     the lock, no final answer to validate, no built-in call answered in
-    the step, and not too many calls for one statement."""
+    the step, and not too many calls for one statement (nor for one reply:
+    ``CHORUS_MAX_REPLY_TOOL_CALLS``)."""
     conv, turn, job = lease
+    calls = len(reply.tool_calls)
     return (
         rt.postgres
-        and 0 < len(reply.tool_calls) <= _ONE_STATEMENT_CALLS
+        and 0 < calls <= min(_ONE_STATEMENT_CALLS, rt.settings.max_reply_tool_calls)
         and conv.id == conv.root_id
         and job.id == turn.id
         and tool_calls_left(job) is None
@@ -406,7 +444,6 @@ def _store_batch(
     reply: ModelReply,
     clocks: tuple[float, float],
     lease: tuple[LeasedConversation, LeasedTurn, AgentSpec],
-    admitted: Outbox,
     offered: Collection[str],
 ) -> list[Action]:
     """Store a batch of tools to run (:func:`_one_statement`) in one
@@ -418,7 +455,7 @@ def _store_batch(
     What :func:`persist` stores in a transaction, in one round trip."""
     conversation_id, turn_id, step = ids
     conv, turn, spec = lease
-    outbox = carried(admitted)
+    outbox = Outbox()
     _record_reply(outbox, conv, turn, step, reply, clocks)
     usage = reply.usage
     params = {
@@ -432,13 +469,13 @@ def _store_batch(
     message = _assistant_message(conversation_id, turn_id, step, reply)
     with rt.autocommit() as connection:
         rows, tasks = _call_rows(
-            connection, outbox, (conv, turn), spec, step, reply, (None, None), offered
+            connection, outbox, (conv, turn), spec, step, reply, (None, None, None), offered
         )
         new: list[NewRow] = [(MessageRow, message), *((ToolCallRow, row) for row in rows)]
         params.update(new_row_params(new))
         stored = outbox.flush_if(connection, STEP_MOVE, params, batch_riders(len(rows)))
     if not stored:  # the lease was lost or the cursor moved while the model ran
-        record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
+        record_superseded(rt, conversation_id, turn_id, step, reply)
         return []
     rt.publish(outbox)
     log.info("step %d: model answered with %d tool calls (tools)", step, len(reply.tool_calls))
@@ -454,22 +491,20 @@ def _record_calls(
     step: int,
     reply: ModelReply,
     totals: dict[str, Any],
-    errors: list[str] | None,
-    left: int | None,
+    checks: tuple[list[str] | None, int | None, int | None],
     offered: Collection[str],
 ) -> list[Action] | None:
     """Store the tool calls, segment by segment, and return segment 0 to run.
-    A rejected final answer, a call to a tool the step did not offer, or a
-    call past the job's tool-call budget (``left``), is stored with its
-    error result and not run; a plan or handoff call is answered here
-    (:func:`_answer_here`)."""
+    A rejected final answer, a call to a tool the step did not offer, a
+    call past the job's tool-call budget or past the calls one reply may
+    make (``checks``: the final answer's errors, the calls the job has
+    left, the reply's cap), is stored with its error result and not run; a
+    plan or handoff call is answered here (:func:`_answer_here`)."""
     if not move_cursor(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
         return None
-    rows, tasks = _call_rows(
-        session, outbox, (conv, turn), spec, step, reply, (errors, left), offered
-    )
+    rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, checks, offered)
     session.execute(STORE_CALLS, rows)
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
@@ -481,14 +516,14 @@ def _call_rows(
     spec: AgentSpec,
     step: int,
     reply: ModelReply,
-    checks: tuple[list[str] | None, int | None],
+    checks: tuple[list[str] | None, int | None, int | None],
     offered: Collection[str],
 ) -> tuple[list[dict[str, Any]], list[ToolTask]]:
     """The rows of the reply's tool calls, with their events, and the
-    tasks of segment 0. ``checks``: the final answer's errors and the
-    tool calls the job has left (see :func:`_record_calls`)."""
+    tasks of segment 0. ``checks``: the final answer's errors, the tool
+    calls the job has left and the reply's cap (see :func:`_record_calls`)."""
     conv, turn = where
-    errors, left = checks
+    errors, left, cap = checks
     tasks: list[ToolTask] = []
     handed: list[str] = []  # the batch's handoff target, once one is accepted
     rows: list[dict[str, Any]] = []  # stored with one INSERT (Core: no ORM objects)
@@ -517,6 +552,8 @@ def _call_rows(
             refused = rejection(errors)
         elif refused is None and left is not None and position >= left:
             refused = f"Error: not run: {NO_MORE_TOOLS}"
+        if cap is not None and position >= cap:
+            refused = f"Error: not run: one reply may make at most {cap} tool calls"
         outbox.record(
             EventName.SUBAGENT_REQUESTED
             if is_subagent_call(call.tool)

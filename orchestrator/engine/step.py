@@ -33,7 +33,12 @@ from orchestrator.engine.output import (
     final_answer_tool,
 )
 from orchestrator.engine.outputs import READ_TOOL_OUTPUT, read_output_tool
-from orchestrator.engine.persist import carried, load_owned, persist, record_superseded
+from orchestrator.engine.persist import (
+    load_owned,
+    persist,
+    record_superseded,
+    record_unstored,
+)
 from orchestrator.engine.planning import plan_tool
 from orchestrator.engine.prebuilt import run
 from orchestrator.engine.settle import settle
@@ -175,25 +180,38 @@ def run_step(
     the cursor has moved on; persist the reply and return what runs next.
 
     A step that raises gives its lease up first, so its retry (or the
-    sweeper) need not wait for the lease to expire."""
+    sweeper) need not wait for the lease to expire; if the provider had
+    answered, the call's usage is recorded with it (the retry calls the
+    model again)."""
+    answered: list[ModelReply] = []  # the provider's reply, once it came
     try:
-        actions = _run_step(rt, conversation_id, turn_id, step, owner)
+        actions = _run_step(rt, conversation_id, turn_id, step, owner, answered)
     except BaseException:
-        _give_up_lease(rt, conversation_id, owner)
+        _give_up_lease(rt, (conversation_id, turn_id, step), owner, answered)
         raise
     return settle(rt, actions)  # a turn's end: the dequeue or parent's advance if due
 
 
-def _give_up_lease(rt: Runtime, conversation_id: str, owner: str) -> None:
+def _give_up_lease(
+    rt: Runtime, ids: tuple[str, str, int], owner: str, answered: list[ModelReply]
+) -> None:
+    if answered:
+        record_unstored(rt, ids, owner, answered[0])
+        return
     try:
         with rt.autocommit() as connection:
-            _release_lease(connection, conversation_id, owner)
+            _release_lease(connection, ids[0], owner)
     except Exception:  # the database itself may be what failed; the lease then expires
-        log.warning("could not release the lease of %s", conversation_id, exc_info=True)
+        log.warning("could not release the lease of %s", ids[0], exc_info=True)
 
 
 def _run_step(
-    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
+    rt: Runtime,
+    conversation_id: str,
+    turn_id: str,
+    step: int,
+    owner: str,
+    answered: list[ModelReply],
 ) -> list[Action]:
     began = time.monotonic()
     warm()  # before admission: an admitted call is sent at once, not after imports
@@ -208,7 +226,6 @@ def _run_step(
     if step >= spec.max_steps:
         return _past_max_steps(rt, ids, owner, spec.max_steps)
     over = exceeded(job)
-    admitted = Outbox()  # llm.requested, stored with what this step stores next
     if over is not None:
         with rt.autocommit() as connection:
             _release_lease(connection, conversation_id, owner)
@@ -228,10 +245,12 @@ def _run_step(
         size = request_tokens(messages, tools, prompt.chars)
         fits = spec.context_tokens is None or size <= spec.context_tokens
         # past the context limit a checkpoint comes first, and admission after it
+        admitted = Outbox()
         wait = _admit(rt, admitted, conv, turn, step, spec, size) if fits else 0.0
         if wait > 0:
             with rt.autocommit() as connection:
                 return [_defer(connection, conv, wait, owner)]
+        _announce(rt, admitted)
     correlation_id = turn.correlation_id
     root_id = conv.root_id
     context_data = turn.context_data
@@ -275,9 +294,8 @@ def _run_step(
                 should_stop=cancel_watch(rt, correlation_id),
             )
     except ModelError as exc:
-        return _model_failed(
-            rt, conversation_id, turn_id, step, owner, exc, spec.retry, admitted=admitted
-        )
+        return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
+    answered.append(reply)
     deltas.flush()  # the rest of the text, before the reply's own events
     record_output(
         rt.redis,
@@ -290,28 +308,21 @@ def _run_step(
     )
     reply = _qualified(reply, names)
     if lease.lost.is_set() or reply.stopped:
-        return _left(rt, ids, reply, admitted, lost=lease.lost.is_set())
+        return _left(rt, ids, reply, lost=lease.lost.is_set())
     leased = (conv, turn, job, spec)
-    return persist(
-        rt, ids, owner, reply, (started, began), tools_allowed, admitted, leased, names.keys()
-    )
+    return persist(rt, ids, owner, reply, (started, began), tools_allowed, leased, names.keys())
 
 
-def _left(
-    rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, admitted: Outbox, *, lost: bool
-) -> list[Action]:
+def _left(rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, *, lost: bool) -> list[Action]:
     """The call ended but its reply is not this copy's to store: another copy
     took the lease (the usage still counts: the provider was paid) or the
-    job was cancelled (the request is still recorded)."""
+    job was cancelled."""
     conversation_id, turn_id, step = ids
     if lost:
         log.warning("step %d: another copy took the lease; leaving without persisting", step)
-        record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
+        record_superseded(rt, conversation_id, turn_id, step, reply)
     else:
         log.info("step %d: model call stopped: the job was cancelled", step)
-        if admitted.pending:
-            with rt.transaction(carried(admitted)):
-                pass
     return []
 
 
@@ -354,6 +365,17 @@ def _admit(
             worker=_worker(),
         )
     return wait
+
+
+def _announce(rt: Runtime, admitted: Outbox) -> None:
+    """Store and publish ``llm.requested`` (if the call was admitted) as
+    the call is sent, in its own commit: every follower sees the call start
+    before its text streams, the event carrying the number it is stored
+    with (a number is its transaction's, known only once it is stored)."""
+    if admitted.pending:
+        with rt.autocommit() as connection:
+            admitted.flush(connection)
+        rt.publish(admitted)
 
 
 def _defer_owned(
@@ -411,11 +433,10 @@ def _model_failed(
     owner: str,
     exc: ModelError,
     retry: RetryPolicy,
-    admitted: Outbox | None = None,
 ) -> list[Action]:
     """Retry a retryable failure after a backoff (the task ends; a new one
     is sent with a countdown, so no worker slot waits), else fail the turn."""
-    with rt.transaction(carried(admitted)) as (session, outbox):
+    with rt.transaction() as (session, outbox):
         loaded = load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []

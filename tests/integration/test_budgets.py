@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy import text
+from sqlmodel import col, select
 
-from orchestrator import Client, JobFailedError
+from orchestrator import Client, JobFailedError, Settings
+from orchestrator.store.tables import Turn
 from schemas import Budget, EventName, TurnStatus
+from tests.agents import gate_path
 from tests.conftest import tool_calls
+from tests.integration.test_stops import _lock_waiters, _until
 
 pytestmark = pytest.mark.integration
 
@@ -51,3 +57,36 @@ def test_spent_tool_budget_leaves_one_last_answer_without_tools(
     assert [(c.status, c.result) for c in calls[:2]] == [("completed", 3), ("completed", 7)]
     assert calls[2].is_error and "tool-call budget of this job is spent" in calls[2].result
     assert job.status().step == 2
+
+
+def test_children_storing_calls_at_once_stay_within_the_tool_call_budget(
+    client: Client, workers: Any, settings: Settings
+) -> None:
+    # Given a job of 3 tool calls whose lead spent 2 on two children, each
+    # about to call a tool once its model call is let go
+    gate = uuid.uuid4().hex
+    job = client.submit("adder-lead", gate, budget=Budget(tool_calls=3))
+    for child in "ab":
+        started = gate_path(settings.state_dir, f"{gate}-{child}-started")
+        _until(started.exists, "a child's model call never started")
+    with client.runtime.session() as barrier:
+        # ... and the root's row held while both store their replies at once
+        barrier.execute(
+            text("SELECT id FROM chorus_conversation WHERE id = :id FOR UPDATE"),
+            {"id": job.root_id},
+        )
+        for child in "ab":
+            gate_path(settings.state_dir, f"{gate}-{child}").touch()
+        _until(lambda: _lock_waiters(client) >= 2, "the children never both waited to store")
+    job.result(timeout=60)
+
+    # Then the tree ran 3 tool calls, not 4: one child's call ran, the other's was refused
+    with client.runtime.session() as s:
+        children = s.exec(
+            select(Turn.id).where(Turn.job_id == job.id, col(Turn.parent_call_id).is_not(None))
+        ).all()
+        spent = s.exec(select(Turn.tree_tool_calls).where(Turn.id == job.id)).one()
+    calls = [c for turn in children for c in tool_calls(client, turn)]
+    assert sorted(c.status for c in calls) == ["completed", "failed"]
+    assert "tool-call budget of this job is spent" in next(c.result for c in calls if c.is_error)
+    assert spent == 3

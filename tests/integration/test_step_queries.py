@@ -40,10 +40,12 @@ STEPS = 6
 TARGET_TRANSACTIONS = 5
 TARGET_ROUND_TRIPS = 30
 #: Commits (WAL flushes): each of a step's six tasks commits what it did,
-#: the step its lease before the model call and its reply after, each tool
-#: its claim before running and its result after (single autocommit
-#: statements, the result with its events in one), the advance the cursor.
-MAX_COMMITS = 11
+#: the step its lease before the model call, its ``llm.requested`` as the
+#: call is sent (a follower sees the call start before its text) and its
+#: reply after, each tool its claim before running and its result after
+#: (single autocommit statements, the result with its events in one), the
+#: advance the cursor.
+MAX_COMMITS = 12
 #: Round trips per child of a fan-out (its start, its step, its answer and
 #: its share of the parent's steps and advances): 16 when this was written.
 MAX_ROUND_TRIPS_PER_CHILD = 20

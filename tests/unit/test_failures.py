@@ -6,7 +6,10 @@ import kombu.exceptions
 import psycopg
 import pytest
 import redis
+from sqlalchemy import create_engine
 from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy.pool import QueuePool
 
 from orchestrator.engine.failures import describe, is_transient
 
@@ -50,3 +53,17 @@ def test_everything_else_is_not(exc: BaseException) -> None:
 
 def test_describe_names_the_exception_type() -> None:
     assert describe(RuntimeError("boom")) == "RuntimeError: boom"
+
+
+def test_an_exhausted_connection_pool_is_transient() -> None:
+    # Given a pool whose only connection is checked out (a busy process: more
+    # worker threads than connections)
+    engine = create_engine(
+        "sqlite://", poolclass=QueuePool, pool_size=1, max_overflow=0, pool_timeout=0.05
+    )
+    # When another checkout waits past the pool's timeout
+    with engine.connect(), pytest.raises(PoolTimeoutError) as raised:
+        engine.connect()
+    engine.dispose()
+    # Then the task retries it (it waits for a connection) instead of failing the turn
+    assert is_transient(raised.value)
