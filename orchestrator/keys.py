@@ -28,3 +28,9 @@ def inboxes_restored(prefix: str) -> str:
     """Present once this Redis's inboxes have been rebuilt from the queued
     messages recorded in Postgres; missing after Redis lost its data."""
     return f"{prefix}:inboxes:restored"
+
+
+def readers(prefix: str, queue: str) -> str:
+    """The workers reading a broker queue (a sorted set: node name scored by
+    when its announcement expires, on Redis's clock)."""
+    return f"{prefix}:readers:{queue}"
