@@ -15,10 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import redis
 
-from orchestrator import keys
+from orchestrator import keys, registry
+from orchestrator.celery_conf import PRIORITY_STEPS, QUEUES, queue_lists
 from orchestrator.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -94,3 +96,33 @@ class Announcer:
             withdraw(self.rt, self.node, self.queues)
         except redis.RedisError:  # the announcement then expires on its own
             log.warning("could not withdraw this worker's queues", exc_info=True)
+
+
+class QueueState(NamedTuple):
+    """A broker queue: messages waiting (every priority list) and workers reading it."""
+
+    queue: str
+    waiting: int
+    readers: int
+
+
+def known_queues() -> list[str]:
+    """Chorus's queues, and any queue a registered tool names."""
+    tools = (registry.get_tool(n).spec.queue for n in registry.tool_names())
+    return sorted({*QUEUES.values(), *tools})
+
+
+def queue_states(rt: Runtime, queues: Sequence[str]) -> list[QueueState]:
+    """What waits in each of ``queues`` (in the broker, Chorus's Redis) and who reads it."""
+    prefix = rt.settings.redis_prefix
+    pipe = rt.redis.pipeline(transaction=False)
+    for queue in queues:
+        for name in queue_lists(queue):
+            pipe.llen(f"{prefix}:{name}")
+    sizes = pipe.execute()
+    steps = len(PRIORITY_STEPS)
+    readers = count_readers(rt, queues)
+    return [
+        QueueState(q, sum(sizes[i * steps : (i + 1) * steps]), readers[q])
+        for i, q in enumerate(queues)
+    ]
