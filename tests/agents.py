@@ -1192,7 +1192,9 @@ Agent("unread-queue", scripted_model("unread-queue"), tools=[unread_tool])
 
 
 def _long_answer(messages: list[dict[str, Any]]) -> Reply:
-    time.sleep(float(messages[-1]["content"]))  # the input: seconds to take
+    # The input: seconds to take (waited on an event: Python's time.sleep
+    # fails under libfaketime, which a test uses to skew a worker's clock)
+    threading.Event().wait(float(messages[-1]["content"]))
     return Reply.say("took my time")
 
 

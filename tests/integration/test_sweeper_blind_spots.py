@@ -145,22 +145,26 @@ def test_a_worker_whose_clock_runs_ahead_neither_sweeps_nor_takes_a_live_lease(
     private: Private,
 ) -> None:
     # Given a worker taking model calls one at a time, and a second worker,
-    # its clock five minutes ahead, that runs the sweeps
+    # its clock five minutes ahead, that runs the sweeps (its model client
+    # loaded: it starts on the model queue too, then leaves it)
     settings, client = private(stall_timeout=3.0)
     llm = WorkerProcess(settings, "clock-llm", "-Q", "llm", "-P", "threads", "-c", "1")
     ahead = {
         "LD_PRELOAD": str(_faketime()),
-        "FAKETIME": "+300s",
+        "FAKETIME": "+300",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         "FAKETIME_DONT_RESET": "1",
     }
     os.environ.update(ahead)
     try:
-        skewed = WorkerProcess(settings, "clock-ahead", "-Q", "control", "-P", "threads")
+        skewed = WorkerProcess(settings, "clock-ahead", "-Q", "llm,control", "-P", "threads")
     finally:
         for key in ahead:
             os.environ.pop(key)
+    control = client.celery.control
     with running(llm, skewed, client=client):
+        control.cancel_consumer("llm", destination=[skewed.name], reply=True)
+
         # When a model call of 8 s holds its lease on the first worker
         job = client.submit("long-call", "8")
         conversation_id = job.status().conversation_id
@@ -168,26 +172,29 @@ def test_a_worker_whose_clock_runs_ahead_neither_sweeps_nor_takes_a_live_lease(
         while _lease_owner(client, conversation_id) is None:
             assert time.monotonic() < deadline, "the step never took its lease"
             time.sleep(0.1)
-        # and the skewed worker also reads the model queue, sweeps, and gets
-        # a second copy of the step
-        client.celery.control.add_consumer("llm", destination=[skewed.name], reply=True)
-        client.celery.send_task("chorus.sweep", queue="control")
-        time.sleep(1.0)
+        # and the skewed worker sweeps, then reads the model queue again and
+        # gets a second copy of the step
+        client.celery.send_task("chorus.sweep", queue="control").get(timeout=30)
+        with client.runtime.session() as session:
+            conv = session.get(Conversation, conversation_id)
+            assert conv is not None
+            swept = conv.redispatches
+        control.add_consumer("llm", destination=[skewed.name], reply=True)
         dispatch(client.celery, [RunStep(conversation_id, job.id, 0, 5)])
         answer = job.result(timeout=60)
 
-    # Then the model was called once, and the sweeper counted no re-dispatch
+    # Then the sweep took the position for neither stalled nor its lease for
+    # expired, and the model was called once
+    assert swept == 0, "the sweeper re-dispatched a live step"
     assert answer == "took my time"
     assert _model_calls_per_step(client, [job.id]) == [1]
     with client.runtime.session() as session:
-        conv = session.get(Conversation, conversation_id)
-        assert conv is not None and conv.redispatches == 0
-        superseded = session.exec(
+        usage = session.exec(
             select(EventRow).where(
                 EventRow.turn_id == job.id, EventRow.name == EventName.USAGE.value
             )
         ).all()
-    assert not [e for e in superseded if (e.data or {}).get("superseded")]
+    assert not [e for e in usage if (e.data or {}).get("superseded")]
 
 
 def _lease_owner(client: Client, conversation_id: str) -> str | None:
