@@ -84,7 +84,7 @@ class Announcer:
         while True:
             try:
                 announce(self.rt, self.node, self.queues)
-            except redis.RedisError:  # Redis may be away for a moment; try again
+            except Exception:  # Redis may be away for a moment; the thread must not die
                 log.warning("could not announce the queues this worker reads", exc_info=True)
             if self._stop.wait(ANNOUNCE_EVERY):
                 return
