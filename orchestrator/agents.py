@@ -15,7 +15,7 @@ from orchestrator.toolnames import check_unique
 from orchestrator.tools import Tool
 from orchestrator.toolsets import MCPServerSpec
 from schemas import AgentSpec, Budget, RateLimit, RetryPolicy
-from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
+from schemas.specs import HANDOFF_PREFIX, READ_TOOL_OUTPUT, SUBAGENT_PREFIX
 
 #: ``AgentSpec`` fields that ``Agent`` takes under another name (``output``
 #: also accepts a pydantic model, turned into the spec's JSON schema;
@@ -67,7 +67,9 @@ def Agent(
             or registered qualified names) the model may call, and MCP
             servers (``MCPServer`` objects) whose every tool it may call
             (stored in the spec's ``toolsets``). Two whose provider-legal
-            aliases collide raise :class:`ConfigurationError`.
+            aliases collide raise :class:`ConfigurationError`. The name
+            ``"read_tool_output"`` asks for that built-in on every step
+            (otherwise it is offered only where an output was cut).
         subagents: agents (specs or registered names) the model may delegate
             to; each is offered as the tool ``subagent__<name>``.
         handoffs: registered agents (specs or names) the model may hand the
@@ -139,7 +141,8 @@ def offered_names(spec: AgentSpec) -> list[str]:
     ``subagent__X`` per subagent and ``handoff__X`` per handoff target, and
     the built-in tools it asked for or needs."""
     return [
-        *spec.tools,
+        # listing read_tool_output asks for the built-in (below), unless a tool takes its name
+        *(t for t in spec.tools if t != READ_TOOL_OUTPUT or t in registry.tool_names()),
         *(f"{SUBAGENT_PREFIX}{a}" for a in spec.subagents),
         *(f"{HANDOFF_PREFIX}{a}" for a in spec.handoffs),
         *builtin_names(spec),

@@ -136,7 +136,11 @@ def worker(
     from workers.app import create_app
 
     die_with_supervisor()
-    create_app(_settings()).worker_main(["worker", *argv, "-E", *(["-n", name] if name else [])])
+    # Celery's worker_main drops the worker's exit status: a cold shutdown or
+    # an "Unrecoverable error" would exit 0, which a supervisor or a
+    # container's restart policy reads as a clean stop.
+    code = create_app(_settings()).start(["worker", *argv, "-E", *(["-n", name] if name else [])])
+    raise typer.Exit(code or 0)
 
 
 @app.command()
@@ -176,6 +180,28 @@ def ping(
         errors.print(f"no reply from {node} within {timeout:g}s", style="red")
         raise typer.Exit(1)
     console.print(f"{node}: pong")
+
+
+@app.command()
+def alive(
+    node: Annotated[str, typer.Option("--node", "-n", help="The node name, or 'beat'.")],
+    max_age: Annotated[
+        float, typer.Option(help="Seconds since the process last showed it runs.")
+    ] = 60.0,
+) -> None:
+    """Exit 0 if the worker NODE (or `beat`) runs on this host: its liveness
+    file in CHORUS_STATE_DIR was touched within MAX_AGE seconds. Needs no
+    Redis, so an outage does not restart the fleet (`chorus ping` says
+    whether it is reachable: a readiness probe)."""
+    from orchestrator.liveness import age
+    from orchestrator.supervisor import node_pattern
+
+    seconds = age(_settings().state_dir, node_pattern(node))
+    if seconds is None or seconds > max_age:
+        last = "never" if seconds is None else f"{seconds:.0f}s ago"
+        errors.print(f"{node}: not alive (last sign {last}, limit {max_age:g}s)", style="red")
+        raise typer.Exit(1)
+    console.print(f"{node}: alive ({seconds:.0f}s ago)")
 
 
 @app.command()
@@ -287,7 +313,7 @@ def _context_data(value: str | None) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(value)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's stack
         raise InvalidRequestError(f"--context-data is not JSON: {exc}", ["context_data"]) from None
     if not isinstance(data, dict):
         raise InvalidRequestError("--context-data must be a JSON object", ["context_data"])
@@ -355,10 +381,22 @@ def cancel_job(job_id: str) -> None:
 
 
 @app.command()
-def send(conversation: str, text: str) -> None:
-    """Send a message to a conversation: runs now if idle, else queued."""
+def send(
+    conversation: str,
+    text: str,
+    context_data: Annotated[
+        str | None, typer.Option("--context-data", help="A JSON object; default: the last job's.")
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option("--priority", help="0 to 9; default: the last job's.")
+    ] = None,
+) -> None:
+    """Send a message to a conversation: runs now if idle, else queued. Its
+    turn runs with the last job's context data, budget and priority unless
+    given."""
+    data = _context_data(context_data)
     client = _client()
-    entry = client.send(conversation, text)
+    entry = client.send(conversation, text, context_data=data, priority=priority)
     job = client.job_for_message(conversation, entry)
     console.print(f"message {entry}: " + (f"job {job.id}" if job else "queued"))
 

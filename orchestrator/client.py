@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from functools import cached_property
@@ -29,8 +30,10 @@ from orchestrator.errors import (
     invalid,
 )
 from orchestrator.events import (
+    CUT,
     ENTRY_EVENT,
     committed_horizon,
+    is_cut,
     row_to_event,
     snapshot_bound,
     visible_below,
@@ -39,7 +42,7 @@ from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.tables import Conversation, EventRow, Turn, table
-from orchestrator.store.values import check, problem
+from orchestrator.store.values import check
 from orchestrator.streams import StreamReader, Subscription
 from orchestrator.turn_ends import TurnEnds
 from schemas import (
@@ -50,24 +53,66 @@ from schemas import (
     JobRequest,
     JobStatus,
     Message,
+    MessageOptions,
     TodoItem,
     TurnStatus,
     Usage,
 )
 from schemas.jobs import DEFAULT_PRIORITY
 
+#: Longest id a caller may name: a job, a conversation (as ``submit``
+#: takes it), a queued message's entry, an archived output's handle.
+MAX_ID_CHARS = 64
+#: Largest event sequence number (Postgres ``bigint``).
+MAX_SEQ = 2**63 - 1
 
-def _known(conversation_id: str) -> str:
-    """The id, if it could name a conversation; anything else names none."""
-    if not isinstance(conversation_id, str) or not 0 < len(conversation_id) <= 64:
-        raise ConversationNotFound(str(conversation_id)[:100])
-    if problem(conversation_id) is not None:
-        raise ConversationNotFound(conversation_id)
-    return conversation_id
+
+def _refuse(field: str, expected: str, value: object) -> InvalidRequestError:
+    got = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+    return InvalidRequestError(f"{field}: expected {expected}, got {got}", [field])
+
+
+def _id(value: object, field: str) -> str:
+    """``value`` if it could be an id: a storable string of 1 to
+    :data:`MAX_ID_CHARS` characters; else :class:`InvalidRequestError`
+    naming ``field`` (the same checks as ``submit``)."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+        raise _refuse(field, f"a string of 1 to {MAX_ID_CHARS} characters", value)
+    check(value, field)
+    return value
+
+
+def _known(conversation_id: object) -> str:
+    """The id, if it could name a conversation (else :class:`InvalidRequestError`)."""
+    return _id(conversation_id, "conversation_id")
+
+
+def _timeout(value: object) -> float | None:
+    """None (no bound), or seconds: a number, not negative, not NaN."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise _refuse("timeout", "None or a number of seconds >= 0", value)
+    return math.inf if value > 1e300 else float(value)  # an int past float's range
+
+
+def _since(value: object) -> int:
+    """An event sequence number to resume after (None: from the start)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
+        raise _refuse("since", f"None or an integer from 0 to {MAX_SEQ}", value)
+    return value
 
 
 class Client:
     """Talks to the fleet through Redis (tasks, live events) and Postgres (state).
+
+    Every method of it and of its :class:`Job` checks its arguments as
+    ``submit`` does: an id that is not a storable string of 1 to
+    :data:`MAX_ID_CHARS` characters, a ``since`` outside 0 to
+    :data:`MAX_SEQ`, a negative or NaN ``timeout`` raise
+    :class:`~orchestrator.errors.InvalidRequestError` naming the field.
 
     Args:
         settings: defaults to :func:`~orchestrator.settings.load_settings`.
@@ -136,29 +181,42 @@ class Client:
 
     def job(self, job_id: str) -> Job:
         """A handle on an existing job."""
-        check(job_id, "job_id")
         with self.runtime.session() as session:
-            turn = session.get(Turn, job_id)
+            turn = session.get(Turn, _id(job_id, "job_id"))
             if turn is None:
                 raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
             return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id))
 
-    def send(self, conversation_id: str, text: str) -> str:
+    def send(
+        self,
+        conversation_id: str,
+        text: str,
+        *,
+        context_data: dict[str, Any] | None = None,
+        budget: Budget | None = None,
+        priority: int | None = None,
+    ) -> str:
         """Send a message to a conversation; returns its queue entry id.
 
         An idle conversation starts a turn on it at once; a busy one keeps it
         in its Redis queue (``message.queued``) until the running turn ends,
         then starts a turn per message, in order (``message.dequeued``).
-        :meth:`job_for_message` finds the job a message started.
+        :meth:`job_for_message` finds the job a message started. The turn
+        runs with the ``context_data``, budget and priority of the
+        conversation's last job (read when it starts), each unless given
+        here.
         """
-        entry, actions = inbox.send(self.runtime, _known(conversation_id), text)
+        try:
+            options = MessageOptions(context_data=context_data, budget=budget, priority=priority)
+        except ValidationError as exc:
+            raise invalid(exc, "message") from None
+        entry, actions = inbox.send(self.runtime, _known(conversation_id), text, options)
         dispatch(self.celery, actions)
         return entry
 
     def job_for_message(self, conversation_id: str, entry_id: str) -> Job | None:
         """The job a sent message started, or None while it still waits."""
-        check(entry_id, "entry_id")
-        key = inbox.idempotency_key(_known(conversation_id), entry_id)
+        key = inbox.idempotency_key(_known(conversation_id), _id(entry_id, "entry_id"))
         with self.runtime.session() as session:
             turn = session.exec(select(Turn).where(Turn.idempotency_key == key)).first()
             return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id)) if turn else None
@@ -181,7 +239,7 @@ class Client:
         :class:`~orchestrator.errors.ServiceUnavailableError` if Postgres or
         Redis keep failing.
         """
-        revoke, actions = cancel(self.runtime, job_id)
+        revoke, actions = cancel(self.runtime, _id(job_id, "job_id"))
         if revoke:
             self.celery.control.revoke(revoke)
         dispatch(self.celery, actions)
@@ -240,14 +298,15 @@ class Client:
         ``tool_output_limit`` (the model saw a view of it), by the handle in
         that view and in the call's ``tool.completed`` event; the call must
         be in this conversation's tree (its root, or any subagent of it)."""
+        handle = _id(handle, "handle")
         with self.runtime.session() as session:
             conv = session.get(Conversation, _known(conversation_id))
             if conv is None:
                 raise ConversationNotFound(conversation_id)
             try:
-                return archived(session, conv.root_id, str(handle)[:64])
+                return archived(session, conv.root_id, handle)
             except LookupError:
-                raise ToolOutputNotFound(str(handle)[:100]) from None
+                raise ToolOutputNotFound(handle) from None
 
     def close(self) -> None:
         if "streams" in self.__dict__:
@@ -311,7 +370,7 @@ class Job:
         :class:`~orchestrator.errors.JobFailedError` if the turn failed or
         was cancelled.
         """
-        ended = _wait_end(self, timeout)
+        ended = _wait_end(self, _timeout(timeout))
         if isinstance(ended, Event):  # the end event carries status, output and error
             status, output, error = (ended.data.get(k) for k in ("status", "output", "error"))
         else:
@@ -330,7 +389,9 @@ class Job:
         that sequence number. ``assistant.delta`` events (live only) are
         included unless ``deltas`` is False.
         """
-        return _follow(self, since or 0, timeout, deltas)
+        if not isinstance(deltas, bool):
+            raise _refuse("deltas", "a bool", deltas)
+        return _follow(self, _since(since), _timeout(timeout), deltas)
 
 
 def _stored(job: Job, correlation_id: str, after: int) -> list[Event]:
@@ -389,8 +450,11 @@ _STATUS = select(
         )
     )
 ).where(_TURN.c.id == bindparam("id"))
-#: The events that end a turn, by the name their stream entries carry.
-_TERMINAL_NAMES = frozenset(name.value for name in TERMINAL_TURN_EVENTS)
+#: The events that end a turn, by the name their stream entries carry
+#: (whole, or cut: too large for an entry).
+_TERMINAL_NAMES = frozenset(
+    name for event in TERMINAL_TURN_EVENTS for name in (event.value, CUT + event.value)
+)
 
 
 def _is_end(job: Job, event: Event) -> bool:
@@ -472,8 +536,8 @@ def _wait_end(job: Job, timeout: float | None) -> JobStatus | Event:
                     break
                 for _, fields in entries:
                     event = Event.model_validate_json(fields[ENTRY_EVENT])
-                    if _is_end(job, event):
-                        return event
+                    if _is_end(job, event):  # a cut one has no output: ask Postgres
+                        return job.status() if is_cut(fields) else event
 
 
 def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterator[Event]:

@@ -7,7 +7,10 @@
     │   ├── UnknownAgentError     agent name not registered by the workers
     │   ├── UnknownToolError      tool name not registered by the workers
     │   ├── InvalidRequestError   payload failed validation (names the field)
-    │   │   └── SecretInSettingsError  a credential in an agent's model_settings
+    │   │   ├── SecretInSettingsError  a credential in an agent's model_settings
+    │   │   ├── SettingNotAllowedError an inline spec names an endpoint or a
+    │   │   │                          setting only a registered agent may set
+    │   │   └── PatternTimeoutError    a schema's pattern ran out of time
     │   ├── ConversationNotFound
     │   ├── ToolOutputNotFound    no archived tool output by that handle
     │   ├── ConversationBusyError a turn is running on that conversation
@@ -74,6 +77,33 @@ class SecretInSettingsError(InvalidRequestError):
             f"{path}: refused, {why}; model_settings may not carry credentials "
             "(set provider keys in the worker's environment)",
             [path],
+        )
+
+
+class SettingNotAllowedError(InvalidRequestError):
+    """An inline spec (one a job supplies) carries what only the workers'
+    own configuration may choose: a model endpoint, a key, a price, a
+    routing setting. ``fields`` holds its path."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            f"{path}: refused, {why}; an inline spec names a model and how it samples, "
+            "never where the call goes (declare a registered agent with Agent(...), or list "
+            "the endpoint in CHORUS_MODEL_ENDPOINTS)",
+            [path],
+        )
+
+
+class PatternTimeoutError(InvalidRequestError):
+    """Matching a JSON schema's ``pattern`` took longer than its bound."""
+
+    def __init__(self, pattern: str, seconds: float) -> None:
+        self.pattern = pattern
+        shown = pattern if len(pattern) <= 100 else f"{pattern[:100]}..."
+        super().__init__(
+            f"matching the schema's pattern {shown!r} took longer than {seconds} s; "
+            "the value is refused",
+            ["pattern"],
         )
 
 

@@ -413,21 +413,13 @@ class Outbox:
             numbers = [number for _, number in sorted(stored)]
         self.events.extend(row_to_event(row, seq) for row, seq in zip(rows, numbers, strict=True))
 
-    def publish(self, client: redis.Redis, prefix: str, maxlen: int) -> None:
-        """Send to the live streams; a Redis failure is logged, never raised:
-        the events are already stored."""
+    def publish(self, client: redis.Redis, prefix: str, maxlen: int, ttl: int) -> None:
+        """Send to the live streams (see :func:`publish_events`); a Redis
+        failure is logged, never raised: the events are already stored."""
         if not self.events:
             return
         try:
-            pipe = client.pipeline(transaction=False)
-            for event in self.events:
-                pipe.xadd(
-                    events_stream(prefix, event.root_id),
-                    stream_entry(event),
-                    maxlen=maxlen,
-                    approximate=True,
-                )
-            pipe.execute()
+            publish_events(client, prefix, maxlen, ttl, self.events)
         except redis.RedisError:
             log.warning("could not publish %d events live", len(self.events), exc_info=True)
         self.events.clear()
@@ -441,20 +433,71 @@ ENTRY_EVENT = "e"
 ENTRY_NAME = "n"
 
 
-def stream_entry(event: Event) -> dict[FieldT, EncodableT]:
-    """The fields of ``event``'s live stream entry."""
-    return {ENTRY_EVENT: event.model_dump_json(), ENTRY_NAME: event.name.value}
+#: Largest event a stream entry carries whole, in characters of its JSON.
+#: A larger stored event is announced by a cut entry (:func:`is_cut`); a
+#: larger delta is split into several.
+ENTRY_CHARS = 8000
+#: Characters of text in one delta entry: even escaped six characters to
+#: one, they stay well within :data:`ENTRY_CHARS`.
+DELTA_CHARS = 1000
+#: Prefix of a cut entry's name. An old reader that waits only for some
+#: names (a turn's end) skips it rather than take it for the event whole.
+CUT = "cut:"
 
 
-def publish_live(client: redis.Redis, prefix: str, maxlen: int, event: Event) -> None:
+def is_cut(fields: Mapping[str, str]) -> bool:
+    """Whether a stream entry announces an event without its data: the
+    reader takes the event from Postgres."""
+    return fields.get(ENTRY_NAME, "").startswith(CUT)
+
+
+def stream_entries(event: Event) -> list[dict[FieldT, EncodableT]]:
+    """The live stream entries of ``event``, each within :data:`ENTRY_CHARS`:
+    one entry (its name ``n`` beside the event ``e``); for a stored event
+    larger than that, one whose event has its ``data`` replaced by its size
+    and whose name is marked cut; for a larger delta, one per piece of text."""
+    whole = event.model_dump_json()
+    if len(whole) <= ENTRY_CHARS:
+        return [{ENTRY_EVENT: whole, ENTRY_NAME: event.name.value}]
+    text = str(event.data.get("text", ""))
+    if event.seq is None and len(text) > DELTA_CHARS:  # live only: none to read back
+        return [
+            entry
+            for start in range(0, len(text), DELTA_CHARS)
+            for entry in stream_entries(
+                event.model_copy(
+                    update={"data": {**event.data, "text": text[start : start + DELTA_CHARS]}}
+                )
+            )
+        ]
+    stub = event.model_copy(update={"data": {"cut": True, "size": len(whole)}})
+    return [{ENTRY_EVENT: stub.model_dump_json(), ENTRY_NAME: CUT + event.name.value}]
+
+
+def publish_events(
+    client: redis.Redis, prefix: str, maxlen: int, ttl: int, events: list[Event]
+) -> None:
+    """Append ``events`` to their roots' streams in one round trip, each
+    stream capped at about ``maxlen`` entries and set to expire ``ttl``
+    seconds later: a tree's stream goes ``ttl`` seconds after its last
+    event (its last turn's end), every stream has an expiry whatever
+    publish was lost, and followers read Postgres once it is gone."""
+    pipe = client.pipeline(transaction=False)
+    streams: set[str] = set()
+    for event in events:
+        stream = events_stream(prefix, event.root_id)
+        streams.add(stream)
+        for entry in stream_entries(event):
+            pipe.xadd(stream, entry, maxlen=maxlen, approximate=True)
+    for stream in streams:
+        pipe.expire(stream, ttl)
+    pipe.execute()
+
+
+def publish_live(client: redis.Redis, prefix: str, maxlen: int, ttl: int, event: Event) -> None:
     """Publish a live-only event (a delta); lost deltas cost nothing durable."""
     try:
-        client.xadd(
-            events_stream(prefix, event.root_id),
-            stream_entry(event),
-            maxlen=maxlen,
-            approximate=True,
-        )
+        publish_events(client, prefix, maxlen, ttl, [event])
     except redis.RedisError:
         log.debug("could not publish a live event", exc_info=True)
 

@@ -25,6 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlmodel import col, select
 
+from orchestrator.keys import dropped_messages
 from orchestrator.readers import QueueState, known_queues, queue_states
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import EventRow
@@ -122,6 +123,13 @@ class ChorusCollector(Collector):
         except redis.RedisError:
             return []
 
+    def _dropped_messages(self) -> int | None:
+        try:
+            value = self.rt.redis.get(dropped_messages(self.rt.settings.redis_prefix))
+        except redis.RedisError:
+            return None
+        return int(value or 0)
+
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             self._catch_up()
@@ -148,6 +156,14 @@ class ChorusCollector(Collector):
                 readers.add_metric([queue.queue], queue.readers)
             yield depth
             yield readers
+            dropped = self._dropped_messages()
+            if dropped is not None:
+                family = CounterMetricFamily(
+                    "chorus_broker_messages_dropped",
+                    "Broker messages workers dropped: they could not be decoded or delivered.",
+                )
+                family.add_metric([], dropped)
+                yield family
 
 
 def _counter(name: str, doc: str, label: str, values: Counter[str]) -> CounterMetricFamily:

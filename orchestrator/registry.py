@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigurationError, UnknownAgentError, UnknownToolError
 from schemas import AgentSpec, ToolSpec
-from schemas.specs import TOOL_NAME_PATTERN
+from schemas.specs import READ_TOOL_OUTPUT, TOOL_NAME_PATTERN
 
 if TYPE_CHECKING:
     from orchestrator.tools import Tool
@@ -114,7 +114,8 @@ def check_agent(spec: AgentSpec) -> None:
     """Raise :class:`UnknownToolError` or :class:`UnknownAgentError` if the
     spec names an unregistered tool, MCP server, subagent or handoff target."""
     for name in spec.tools:
-        get_tool(name)
+        if name != READ_TOOL_OUTPUT:  # the built-in, asked for on every step
+            get_tool(name)
     for name in spec.toolsets:
         get_toolset(name)
     for name in (*spec.subagents, *spec.handoffs):

@@ -66,9 +66,20 @@ class Runtime:
         self.publish(outbox)
 
     def publish(self, outbox: Outbox) -> None:
-        outbox.publish(self.redis, self.settings.redis_prefix, self.settings.event_stream_maxlen)
+        settings = self.settings
+        outbox.publish(
+            self.redis,
+            settings.redis_prefix,
+            settings.event_stream_maxlen,
+            settings.event_stream_ttl,
+        )
 
     def publish_live(self, event: Event) -> None:
+        settings = self.settings
         publish_live(
-            self.redis, self.settings.redis_prefix, self.settings.event_stream_maxlen, event
+            self.redis,
+            settings.redis_prefix,
+            settings.event_stream_maxlen,
+            settings.event_stream_ttl,
+            event,
         )

@@ -28,7 +28,8 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 
 from orchestrator import registry
-from orchestrator.errors import ConfigurationError, InvalidRequestError
+from orchestrator.errors import ConfigurationError, InvalidRequestError, PatternTimeoutError
+from orchestrator.patterns import limited
 from orchestrator.tools import Tool, context_params, qualified, tool_spec
 
 __all__ = ["Arguments", "schema_tool", "tool_catalog"]
@@ -57,7 +58,8 @@ def parameters_validator(name: str, schema: Any) -> Validator:
         raise ConfigurationError(f"tool {name!r}: parameters are not JSON: {exc}") from None
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
+        with limited():  # its patterns compiled by the engine that will match them
+            cls.check_schema(schema)
     except SchemaError as exc:
         raise ConfigurationError(
             f"tool {name!r}: invalid JSON schema of its parameters at {exc.json_path}: "
@@ -68,8 +70,16 @@ def parameters_validator(name: str, schema: Any) -> Validator:
 
 def check_arguments(validator: Validator, params: dict[str, Any], tool: str) -> None:
     """Raise :class:`InvalidRequestError` naming the JSON path of every
-    violation (at most :data:`MAX_PROBLEMS`; ``fields`` holds the paths)."""
-    errors = sorted(validator.iter_errors(params), key=lambda e: [str(p) for p in e.path])
+    violation (at most :data:`MAX_PROBLEMS`; ``fields`` holds the paths).
+    Its patterns are matched within :data:`~orchestrator.patterns.PATTERN_SECONDS`."""
+    try:
+        with limited():
+            found = list(validator.iter_errors(params))
+    except PatternTimeoutError as exc:
+        raise InvalidRequestError(
+            f"invalid arguments for tool {tool!r}: {exc}", exc.fields
+        ) from None
+    errors = sorted(found, key=lambda e: [str(p) for p in e.path])
     if not errors:
         return
     shown = errors[:MAX_PROBLEMS]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -51,6 +52,13 @@ class Settings(BaseSettings):
         description="Comma-separated modules that declare tools and agents; "
         "workers and clients import them.",
     )
+    model_endpoints: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated base URLs an inline spec (one a job supplies) may name "
+        "as its model's api_base or base_url: same scheme and host, the entry's port when it "
+        "names one (any port when not), the entry's path or one below it. Empty: an inline "
+        "spec names no endpoint; registered agents may name any.",
+    )
     state_dir: Path = Field(
         default=Path(".chorus"), description="Where the embedded default keeps its files."
     )
@@ -74,8 +82,21 @@ class Settings(BaseSettings):
         "is given up after about stall_timeout * 2**(max_redispatches + 1).",
     )
     sweep_interval: float = Field(default=30.0, description="Seconds between sweeps (beat).")
+    max_tool_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Runs of one tool call whose process died (or whose result was lost) "
+        "before the call ends with an error result the model sees (tool.failed) instead "
+        "of running again.",
+    )
     event_stream_maxlen: int = Field(
         default=10_000, description="Approximate cap of each root's live Redis Stream."
+    )
+    event_stream_ttl: int = Field(
+        default=3600,
+        ge=1,
+        description="Seconds a root's live Redis Stream is kept after its last event (its "
+        "last turn's end); followers of an expired stream read Postgres.",
     )
     max_input_chars: int = Field(default=200_000, description="Largest accepted job input.")
     max_depth: int = Field(
@@ -111,11 +132,20 @@ class Settings(BaseSettings):
         "through litellm's own client. Read by the model client at each call.",
     )
 
-    @field_validator("modules", mode="before")
+    @field_validator("modules", "model_endpoints", mode="before")
     @classmethod
-    def _split_modules(cls, value: object) -> object:
+    def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
             return [m.strip() for m in value.split(",") if m.strip()]
+        return value
+
+    @field_validator("model_endpoints")
+    @classmethod
+    def _endpoints_are_urls(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            url = urlsplit(entry)
+            if url.scheme not in ("http", "https") or not url.hostname or url.port == 0:
+                raise ValueError(f"{entry!r} is not an http(s) base URL")
         return value
 
     @property

@@ -1,22 +1,36 @@
 """Checks of an agent spec that its schema cannot make: no credentials in
-``model_settings`` and rate-limit key templates that can only name a
-``context_data`` value. Each failure is a :class:`UserError` naming the key.
+``model_settings``, rate-limit key templates that can only name a
+``context_data`` value, an ``output_schema`` that is a valid JSON schema,
+and, for an inline spec, nothing that says where a model call goes. Each
+failure is a :class:`UserError` naming the field.
 
 A job's submitter chooses the inline spec it runs, so ``model_settings``
 must never carry a credential: the worker's environment holds the
-provider keys. Ordinary litellm parameters (``max_tokens``,
-``input_cost_per_token``, ``api_base`` ...) pass; the keys below, at any
-depth, do not.
+provider keys. A registered agent (declared with ``Agent(...)`` in the
+workers' modules) is worker-side configuration: it may pass any litellm
+argument (``api_base``, ``input_cost_per_token`` ...) except the
+credential keys below, at any depth. An inline spec names a model and how
+it samples, never where the call goes or as whom: its ``model_settings``
+keys must be in :data:`INLINE_SETTINGS`, an endpoint (``api_base``,
+``base_url``) must be listed in ``CHORUS_MODEL_ENDPOINTS``, and its model
+string may not be a URL (:func:`check_inline`).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import string
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from orchestrator.errors import InvalidRequestError, SecretInSettingsError
+import jsonschema
+from jsonschema.exceptions import SchemaError
+
+from orchestrator import patterns
+from orchestrator.errors import InvalidRequestError, SecretInSettingsError, SettingNotAllowedError
 from orchestrator.store.values import check
 from schemas import AgentSpec, RateLimit
 
@@ -130,6 +144,27 @@ def check_key_template(index: int, limit: RateLimit) -> None:
             )
 
 
+def check_output_schema(schema: dict[str, Any] | None) -> None:
+    """A valid JSON schema (2020-12, as the step validates answers), every
+    ``pattern`` compiled by the engine that will match it
+    (:mod:`orchestrator.patterns`). A schema that passed is remembered: an
+    agent's is checked once, not at every submit."""
+    if schema is not None:
+        _check_schema(json.dumps(schema, sort_keys=True))
+
+
+@lru_cache(maxsize=256)
+def _check_schema(text: str) -> None:
+    try:
+        with patterns.limited():
+            jsonschema.Draft202012Validator.check_schema(json.loads(text))
+    except SchemaError as exc:
+        path = "".join(f".{p}" for p in exc.absolute_path)
+        raise InvalidRequestError(
+            f"output_schema{path}: not a valid JSON schema: {exc.message}", ["output_schema"]
+        ) from None
+
+
 def check_spec(spec: AgentSpec) -> None:
     """The checks that need no registry (see the module docstring), and
     that the spec can be stored (:func:`~orchestrator.store.values.check`)."""
@@ -137,3 +172,94 @@ def check_spec(spec: AgentSpec) -> None:
     refuse_credentials(spec.model_settings)
     for index, limit in enumerate(spec.rate_limits):
         check_key_template(index, limit)
+    check_output_schema(spec.output_schema)
+
+
+#: ``model_settings`` keys an inline spec may carry: how the model samples
+#: and what shape its answer takes. Not the endpoint (see
+#: :data:`ENDPOINT_SETTINGS`), keys, headers, request bodies, prices,
+#: provider, region, project or deployment choices, retries or fallbacks:
+#: those are the workers' configuration (a registered agent or their
+#: environment).
+INLINE_SETTINGS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "n",
+        "stop",
+        "max_tokens",
+        "max_completion_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "seed",
+        "user",
+        "response_format",
+        "tool_choice",
+        "parallel_tool_calls",
+        "reasoning_effort",
+        "thinking",
+        "verbosity",
+        "timeout",
+        "api_version",
+    }
+)
+#: ``model_settings`` keys that name an endpoint: an inline spec may carry
+#: one only when ``CHORUS_MODEL_ENDPOINTS`` lists it.
+ENDPOINT_SETTINGS = frozenset({"api_base", "base_url"})
+_API_VERSION = re.compile(r"[0-9A-Za-z._-]{1,40}")
+
+
+def endpoint_listed(url: str, endpoints: list[str]) -> bool:
+    """True when ``url`` is under an entry of ``endpoints``: the same scheme
+    and host, the entry's port if it names one (any port if not), and a
+    path that is the entry's or below it. A URL that parsers may read two
+    ways (a user part, a backslash, whitespace, ``.`` or ``..`` segments)
+    is under none."""
+    if not url.isprintable() or any(c in url for c in "@\\ %"):
+        return False
+    try:
+        got = urlsplit(url)
+        got_port = got.port
+    except ValueError:
+        return False
+    path = got.path.rstrip("/")
+    if got.scheme not in ("http", "https") or not got.hostname or got.query or got.fragment:
+        return False
+    if any(segment in (".", "..") for segment in path.split("/")):
+        return False
+    for entry in endpoints:
+        want = urlsplit(entry.strip())
+        base = want.path.rstrip("/")
+        if (
+            (got.scheme, got.hostname) == (want.scheme, want.hostname)
+            and (want.port is None or got_port == want.port)
+            and (path == base or path.startswith(f"{base}/"))
+        ):
+            return True
+    return False
+
+
+def check_inline(spec: AgentSpec, endpoints: list[str]) -> None:
+    """Refuse what an inline spec may not choose (see the module docstring)
+    with :class:`SettingNotAllowedError` naming the field."""
+    if "://" in spec.model or any(c.isspace() for c in spec.model):
+        raise SettingNotAllowedError("model", "a model string may not hold an address")
+    for key, value in spec.model_settings.items():
+        path = f"model_settings.{key}"
+        if key in ENDPOINT_SETTINGS:
+            if not (isinstance(value, str) and endpoint_listed(value, endpoints)):
+                raise SettingNotAllowedError(path, "the endpoint is not in CHORUS_MODEL_ENDPOINTS")
+        elif key not in INLINE_SETTINGS:
+            raise SettingNotAllowedError(
+                path, f"an inline spec may only set {sorted(INLINE_SETTINGS)} and a listed endpoint"
+            )
+        elif key == "api_version" and not (
+            isinstance(value, str) and _API_VERSION.fullmatch(value)
+        ):  # it goes into the endpoint's query string
+            raise SettingNotAllowedError(path, "an API version is letters, digits, '.', '_', '-'")

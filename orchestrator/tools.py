@@ -33,7 +33,10 @@ class ToolContext:
     """What a tool knows about the call it serves.
 
     ``tool_request_id`` is unique per call and stable across redeliveries:
-    use it as the idempotency key of any side effect.
+    use it as the idempotency key of any side effect. It is Chorus's id of
+    the call (its row), not the id the model's provider gave the call,
+    which may repeat (servers that number calls per reply) and stays on the
+    wire and in the events' ``tool_request_id``.
     """
 
     conversation_id: str

@@ -13,8 +13,10 @@ the step runs anyway and the failure is logged.
 
 A call runs as any tool call (task ``chorus.tool`` on the server's queue)
 through :mod:`orchestrator.mcpclient`, with the tool request id in the
-request's ``_meta``. An error result, an exception, a timeout or a server
-that is down becomes an error result the model sees; the turn goes on.
+request's ``_meta``; a stdio server is started once per worker process and
+kept while it is used (closed after ``idle_seconds`` without requests). An
+error result, an exception, a timeout or a server that is down becomes an
+error result the model sees; the turn goes on.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from orchestrator.errors import (
     InvalidRequestError,
     SecretInSettingsError,
 )
+from orchestrator.logs import treat_as_credentials
 from orchestrator.schematools import parameters_validator
 from orchestrator.specs import url_has_credentials
 from orchestrator.tools import Tool, ToolContext, run_with_timeout
@@ -57,8 +60,9 @@ DISCOVERY_TIMEOUT = 15.0
 class MCPServerSpec:
     """A registered MCP server: where it is and how its calls run.
 
-    Exactly one of ``url`` (streamable HTTP) and ``command`` (stdio: the
-    server process is started per request) is set. ``headers`` maps an
+    Exactly one of ``url`` (streamable HTTP) and ``command`` (stdio: one
+    server process per worker process, kept until ``idle_seconds`` pass
+    without a request) is set. ``headers`` maps an
     HTTP header to the environment variable holding its value.
     """
 
@@ -73,6 +77,7 @@ class MCPServerSpec:
     timeout: float = 60.0
     parallelizable: bool = True
     cache_seconds: float = 30.0
+    idle_seconds: float = 300.0
 
 
 def MCPServer(
@@ -88,6 +93,7 @@ def MCPServer(
     timeout: float = 60.0,
     parallelizable: bool = True,
     cache_seconds: float = 30.0,
+    idle_seconds: float = 300.0,
 ) -> MCPServerSpec:
     """Declare an MCP server and register it, so agents can list it in ``tools``.
 
@@ -101,11 +107,14 @@ def MCPServer(
         cwd: working directory of the stdio server.
         headers: HTTP header name → name of the environment variable holding
             its value (``{"Authorization": "WEATHER_MCP_AUTH"}``): the value is
-            read at each connection and never stored.
+            read at each connection, never stored, and redacted by value
+            from logs, events and rows.
         queue: the Celery queue its calls run on.
         timeout: seconds before a call is recorded as failed.
         parallelizable: False makes each of its calls a barrier.
         cache_seconds: how long a worker reuses the server's tool list.
+        idle_seconds: how long a worker process keeps a stdio server running
+            with no request (it is started again by the next one).
     """
     where = f"MCP server {name!r}"
     if not SERVER_NAME.match(name):
@@ -116,9 +125,9 @@ def MCPServer(
         raise InvalidRequestError(f"{where}: give exactly one of url and command", ["url"])
     if url is not None and url_has_credentials(url):
         raise SecretInSettingsError("url", "the URL carries credentials: use headers")
-    if timeout <= 0 or cache_seconds < 0:
+    if timeout <= 0 or cache_seconds < 0 or not idle_seconds >= 0:
         raise InvalidRequestError(
-            f"{where}: timeout must be > 0 and cache_seconds >= 0", ["timeout"]
+            f"{where}: timeout must be > 0, cache_seconds and idle_seconds >= 0", ["timeout"]
         )
     server = MCPServerSpec(
         name=name,
@@ -132,8 +141,10 @@ def MCPServer(
         timeout=timeout,
         parallelizable=parallelizable,
         cache_seconds=cache_seconds,
+        idle_seconds=idle_seconds,
     )
     registry.register_toolset(server)
+    treat_as_credentials(variable for _, variable in server.headers)
     return server
 
 

@@ -13,7 +13,7 @@ from schemas.content import (
     content_blocks_adapter,
 )
 from schemas.events import TERMINAL_TURN_EVENTS, Event, EventName
-from schemas.jobs import ConversationState, JobRequest, JobStatus, TurnStatus
+from schemas.jobs import ConversationState, JobRequest, JobStatus, MessageOptions, TurnStatus
 from schemas.plans import TodoItem
 from schemas.specs import AgentSpec, Budget, RateLimit, RetryPolicy, ToolSpec
 
@@ -28,6 +28,7 @@ __all__ = [
     "JobRequest",
     "JobStatus",
     "Message",
+    "MessageOptions",
     "RateLimit",
     "RawBlock",
     "RetryPolicy",

@@ -48,6 +48,16 @@ class JobRequest(Frozen):
     priority: int = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
 
 
+class MessageOptions(Frozen):
+    """What a sent message's turn runs with, where it differs from the
+    conversation's last job: each field left None is inherited from that
+    job (its ``context_data``, its budget, its priority)."""
+
+    context_data: dict[str, Any] | None = None
+    budget: Budget | None = None
+    priority: int | None = Field(default=None, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
+
+
 class JobStatus(Frozen):
     """Where a job stands."""
 

@@ -172,6 +172,17 @@ register_script(
 )
 Agent("chatty", scripted_model("chatty"), tools=[whoami])
 
+# every turn: whoami, then answer with the context_data the tool saw
+register_script(
+    "tenant-echo",
+    [
+        Reply.call(call("whoami")),
+        lambda ms: Reply.say(json.dumps(tool_results(ms)[-1]["context_data"], sort_keys=True)),
+    ]
+    * 50,
+)
+Agent("tenant-echo", scripted_model("tenant-echo"), tools=[whoami])
+
 
 # -- the sweeper: a whole worker dies, its unacked tasks stay with Redis ------
 
@@ -282,6 +293,57 @@ register_script(
     ],
 )
 Agent("busy-lead", scripted_model("busy-lead"), tools=[timed], subagents=["sleepy-child"])
+
+
+# -- tool durability: stops reaching threads-pool tools, crashing tools, ids --
+
+
+@tool(queue="cut", timeout=60.0)
+def cut_sleep(label: str, seconds: float = 30.0) -> dict[str, Any]:
+    """Sleep on the ``cut`` queue (served by a threads worker in the tests).
+
+    Args:
+        label: a name for this call.
+        seconds: how long to sleep.
+    """
+    return _slept(label, seconds)
+
+
+register_script("cut-child", [Reply.call(call("cut_sleep", label="child")), echo_results])
+Agent("cut-child", scripted_model("cut-child"), tools=[cut_sleep])
+register_script(
+    "cut-lead",
+    [
+        Reply.call(call("cut_sleep", label="parent"), call("subagent__cut-child", task="nap")),
+        echo_results,
+    ],
+)
+Agent("cut-lead", scripted_model("cut-lead"), tools=[cut_sleep], subagents=["cut-child"])
+
+
+@tool
+def crash_process(ctx: ToolContext) -> str:
+    """Note the run in the file ``context_data["runs"]``, then SIGKILL its own process."""
+    with open(ctx.context_data["runs"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    os.kill(os.getpid(), 9)
+    return "unreachable"
+
+
+register_script("crasher", [Reply.call(call("crash_process"), call("add", a=2, b=3)), echo_results])
+Agent("crasher", scripted_model("crasher"), tools=[crash_process, add])
+
+register_script(
+    "same-ids",  # a provider that numbers its calls per reply: ids repeat
+    [
+        Reply.call(
+            ScriptedToolCall("whoami", {}, id="call_0"), ScriptedToolCall("whoami", {}, id="call_0")
+        ),
+        Reply.call(ScriptedToolCall("whoami", {}, id="call_0")),
+        echo_results,
+    ],
+)
+Agent("same-ids", scripted_model("same-ids"), tools=[whoami])
 
 
 # -- queued messages: every turn makes one short tool call, then answers -------
@@ -516,6 +578,24 @@ def _say_results_raw(messages: list[dict[str, Any]]) -> Reply:
 
 register_script("sec-hostile-args", [_hostile_call, _say_results_raw] * 200)
 Agent("sec-hostile-args", scripted_model("sec-hostile-args"), tools=[echo_back])
+
+#: Credentials in a tool's error by shape (a pair, a GitHub token); the
+#: tool adds the workers' own Groq key (tests.conftest.PROVIDER_KEY).
+LEAKED_PAIR_VALUE = "hunter2-not-shown"
+LEAKED_TOKEN = "ghp_Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2"
+
+
+@tool
+def leaky(fail: bool) -> str:
+    """Fail with credentials in the message, or return the workers' key.
+
+    Args:
+        fail: raise instead of returning.
+    """
+    key = os.environ["GROQ_API_KEY"]
+    if fail:
+        raise RuntimeError(f"refused api_key={LEAKED_PAIR_VALUE} with {LEAKED_TOKEN} for {key}")
+    return f"configured with {key}"
 
 
 # -- tree: redelivered tool copies, stops racing steps, per-job fan-out, deadlines --
@@ -849,7 +929,7 @@ def _billing_acts(messages: list[dict[str, Any]]) -> Reply:
     """Billing's first reply after the switch: refund, if its own tools (and
     only those: not triage's, not the handoff) are offered."""
     tools = offered_names()
-    if tools != ["ho_refund", "read_tool_output"]:
+    if tools != ["ho_refund"]:
         return Reply.say(f"offered {tools}, not billing's tools")
     return Reply.call(call("ho_refund", order="42"))
 
@@ -1035,7 +1115,14 @@ def _big_reader(messages: list[dict[str, Any]]) -> Reply:
 
 
 register_script("big-reader", [_big_reader] * 40)
-Agent("big-reader", scripted_model("big-reader"), tools=[big_output], tool_output_limit=10_000)
+# it lists read_tool_output: offered on every step, even in a conversation
+# that holds no cut output (where another tree's handle is refused)
+Agent(
+    "big-reader",
+    scripted_model("big-reader"),
+    tools=[big_output, "read_tool_output"],
+    tool_output_limit=10_000,
+)
 
 
 # --- multi-agent pipeline ---
@@ -1167,7 +1254,8 @@ register_script(
     "mcp-down",
     [
         # the qualified name, as a model that saw the tool earlier would call
-        # it: a server that is down at discovery offers nothing now
+        # it: a server that is down at discovery offers nothing now, so the
+        # step refuses it
         Reply.call(
             call("mcp_down.echo", text="anyone?"),
             call("add", a=1, b=2),

@@ -22,6 +22,11 @@ from tests.services import Services, provide_services
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODULES = "tests.agents"
+#: The tests' inline specs call loopback model servers on any port.
+LOOPBACK_ENDPOINTS = "http://127.0.0.1"
+#: The workers' Groq key: of no known shape, so only redaction by value
+#: keeps it out of events, rows, errors and logs.
+PROVIDER_KEY = "Qv7Lw2Tz9Rb4Xm8Nc3Pd"
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +51,7 @@ def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Se
         max_children=200,
         max_depth=3,
         sweep_interval=2.0,
+        model_endpoints=[LOOPBACK_ENDPOINTS],
     )
 
 
@@ -61,6 +67,7 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
         CHORUS_SWEEP_INTERVAL=str(settings.sweep_interval),
         PYTHONPATH=str(ROOT),
         OPENAI_API_KEY="sk-test-not-a-secret",
+        GROQ_API_KEY=PROVIDER_KEY,
         CHORUS_LOG_FORMAT="json",
         CHORUS_MAX_CHILDREN=str(settings.max_children),
         CHORUS_MAX_DEPTH=str(settings.max_depth),

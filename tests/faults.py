@@ -37,7 +37,7 @@ from orchestrator.store.migrate import upgrade
 from orchestrator.store.tables import Conversation, EventRow, ToolCallRow, Turn
 from schemas import EventName, TurnStatus
 from tests.agents import CHAOS_CALLS_FILE
-from tests.conftest import ROOT, TEST_MODULES, WorkerProcess, worker_env
+from tests.conftest import LOOPBACK_ENDPOINTS, ROOT, TEST_MODULES, WorkerProcess, worker_env
 from tests.services import Services, _drop_prefix, _own_database
 
 PollErrors = (SQLAlchemyError, psycopg.Error, redis.RedisError, OSError)
@@ -70,6 +70,7 @@ def isolated_settings(
                 database_url=db_url,
                 redis_prefix=prefix,
                 modules=[TEST_MODULES],
+                model_endpoints=[LOOPBACK_ENDPOINTS],
                 state_dir=state_dir,
                 **{"stall_timeout": 8.0, "sweep_interval": 2.0, **overrides},  # type: ignore[arg-type]
             )
@@ -287,6 +288,9 @@ class Figures:
     restarts: int = 0
     tool_calls: int = 0
     tools_rerun: int = 0  # tool calls executed more than once (attempts > 1)
+    #: calls whose process died CHORUS_MAX_TOOL_ATTEMPTS times: their one
+    #: result is the error "the tool's process died N times" (not lost)
+    tools_given_up: int = 0
     model_steps: int = 0
     steps_recalled: int = 0  # steps whose model was called more than once
     extra_model_calls: int = 0
@@ -298,7 +302,8 @@ class Figures:
         return (
             f"[faults] {self.label}: {self.turns} turns in {self.seconds:.1f}s; "
             f"kills {self.kills}, other restarts {self.restarts}; "
-            f"re-executions: tool calls {self.tools_rerun}/{self.tool_calls}, "
+            f"re-executions: tool calls {self.tools_rerun}/{self.tool_calls} "
+            f"({self.tools_given_up} given up), "
             f"model steps {self.steps_recalled}/{self.model_steps} "
             f"(+{self.extra_model_calls} calls); unacked left {self.unacked}; "
             f"duplicates {len(self.duplicates)}; lost {len(self.lost)}"
@@ -396,11 +401,14 @@ def _account_calls(
         for name, turn_id, data in events
         if name.startswith("tool.")
     )
+    attempts = Settings().max_tool_attempts  # the fleet's: from the same environment
     for c in calls:
         n = results[(c.turn_id, c.tool_request_id)]
         if n > 1:
             figures.duplicates.append(f"{n} result events for tool call {c.id} ({c.tool})")
-        if n == 0 or c.status != "completed":
+        if n == 1 and c.status == "failed" and c.attempts > attempts:
+            figures.tools_given_up += 1  # killed that often: its result is the error
+        elif n == 0 or c.status != "completed":
             figures.lost.append(f"tool call {c.id} ({c.tool}): {c.status}, {n} result events")
 
 

@@ -2,14 +2,15 @@
 
 Run ``python -m tests.mcp_server stdio`` (over stdin/stdout) or
 ``python -m tests.mcp_server http PORT`` (streamable HTTP on 127.0.0.1:PORT,
-path ``/mcp``). Its tools: ``echo`` returns its text and the request's
-``_meta`` (and its ``Authorization`` header), ``fail`` raises, ``slow`` sleeps,
-and ``broken`` is listed with an input schema that is not a valid JSON schema
-(Chorus does not offer it).
+path ``/mcp``). Its tools: ``echo`` returns its text, the request's
+``_meta``, the server's process id (and its ``Authorization`` header),
+``fail`` raises, ``slow`` sleeps, and ``broken`` is listed with an input
+schema that is not a valid JSON schema (Chorus does not offer it).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -25,7 +26,7 @@ def echo(text: str, ctx: Context) -> dict[str, Any]:
     """Say the text back, with the request's _meta."""
     meta = ctx.request_context.meta
     headers = ctx.headers or {}
-    said = {"text": text, "meta": dict(meta) if meta else {}}
+    said = {"text": text, "meta": dict(meta) if meta else {}, "pid": os.getpid()}
     if "authorization" in headers:
         said["authorization"] = headers["authorization"]
     return said

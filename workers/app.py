@@ -8,6 +8,8 @@ from typing import Any
 from celery import Celery
 from celery._state import _set_task_join_will_block
 from celery.signals import (
+    after_task_publish,
+    beat_init,
     celeryd_after_setup,
     setup_logging,
     worker_process_init,
@@ -17,6 +19,7 @@ from celery.signals import (
 
 from orchestrator import registry
 from orchestrator.celery_conf import QUEUES, make_celery
+from orchestrator.liveness import start_heartbeat, touch
 from orchestrator.llm.call import warm
 from orchestrator.logs import setup_logging as configure_logging
 from orchestrator.readers import Announcer
@@ -87,6 +90,21 @@ def create_app(settings: Settings | None = None) -> Celery:
     ready, shutdown = announce_queues(settings)
     worker_ready.connect(ready, weak=False)
     worker_shutdown.connect(shutdown, weak=False)
+
+    # Liveness (``chorus alive``): a worker's node shows that it runs,
+    # without Redis; beat shows that it sends (orchestrator/liveness.py).
+    def _worker_heartbeat(sender: Any = None, **_: Any) -> None:
+        start_heartbeat(settings.state_dir, str(sender))
+
+    def _beat_sent(**_: Any) -> None:
+        touch(settings.state_dir, "beat")
+
+    def _beat_heartbeat(**_: Any) -> None:
+        touch(settings.state_dir, "beat")  # started: its first sweep is due
+        after_task_publish.connect(_beat_sent, weak=False)
+
+    celeryd_after_setup.connect(_worker_heartbeat, weak=False)
+    beat_init.connect(_beat_heartbeat, weak=False)
 
     def _logging(loglevel: str | int | None = None, **_: Any) -> None:
         # Connecting this signal tells Celery to leave logging to us.

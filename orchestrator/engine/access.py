@@ -6,11 +6,19 @@ in its ``toolsets``, a ``subagent__X`` tool for each of its
 ``subagents``, a ``handoff__X`` tool for each of its ``handoffs``,
 ``final_answer`` when it has an output schema, ``manage_todo_list``
 when it plans and ``read_tool_output`` when it has tools or servers
-(``orchestrator/engine/outputs.py``). A call
+(``orchestrator/engine/outputs.py``: offered where a prompt holds a cut
+output, or on every step when the agent lists it in ``tools``). A call
 to anything else is answered with an error result and never runs.
+
+A step allows only what it offered (``offered``: the qualified names of
+its tool list): an MCP server's namespace holds just the tools the server
+listed, and had a valid schema for, when the step was built; a tool the
+worker lacks, or a built-in the step did not offer, is refused as well.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from orchestrator.engine.handoffs import is_handoff_call
 from orchestrator.engine.output import FINAL_ANSWER
@@ -42,8 +50,9 @@ def may_call(spec: AgentSpec, tool: str) -> bool:
     return tool in spec.tools or (bool(dot) and server in spec.toolsets)
 
 
-def refusal(spec: AgentSpec, tool: str) -> str | None:
-    """The error result of a call the agent may not make; None if it may."""
-    if may_call(spec, tool):
+def refusal(spec: AgentSpec, tool: str, offered: Collection[str] | None = None) -> str | None:
+    """The error result of a call the agent may not make; None if it may.
+    ``offered``: what the step offered (None: anything the spec allows)."""
+    if may_call(spec, tool) and (offered is None or tool in offered):
         return None
     return f"Error: tool {tool!r} is not available to agent {spec.name!r}"

@@ -41,6 +41,7 @@ from sqlmodel import Session, col, select
 
 from orchestrator import context
 from orchestrator.context import TransformContext
+from orchestrator.engine.outputs import holds_view
 from orchestrator.llm.call import openai_messages, system_message
 from orchestrator.ratelimit import json_chars
 from orchestrator.store.db import Db, connection_of
@@ -170,6 +171,8 @@ class Stored:
     sent: tuple[dict[str, Any], ...]
     #: Characters they take in the request's compact JSON, a comma after each.
     chars: int
+    #: Whether it holds a cut tool output's view (:func:`~orchestrator.engine.outputs.holds_view`).
+    cut: bool = False
 
 
 def _stored(message: Message, names: Mapping[str, str] | None = None) -> Stored:
@@ -178,7 +181,7 @@ def _stored(message: Message, names: Mapping[str, str] | None = None) -> Stored:
         if names
         else openai_messages(message)
     )
-    return Stored(message, sent, sum(json_chars(m) + 1 for m in sent))
+    return Stored(message, sent, sum(json_chars(m) + 1 for m in sent), holds_view(message))
 
 
 def _names_tool(message: Message, tools: Mapping[str, str]) -> bool:
@@ -278,6 +281,8 @@ class Prompt:
     messages: list[dict[str, Any]]
     #: ``len(json.dumps(messages, separators=(",", ":")))``, from cached sizes.
     chars: int
+    #: Whether a message holds a cut tool output's view (``read_tool_output`` is offered).
+    cut: bool = False
 
 
 def _context(db: Db, conversation_id: str, agent: AgentSpec) -> tuple[list[Message], list[Stored]]:
@@ -327,6 +332,7 @@ def model_prompt(
     by_object = {id(entry.message): entry for entry in stored}
     messages = system_message(system)
     chars = 1 + sum(json_chars(m) + 1 for m in messages)  # "[", and "]" for the last ","
+    cut = False
     for message in history:
         entry = by_object.get(id(message))
         if renamed and _names_tool(message, renamed):
@@ -335,7 +341,8 @@ def model_prompt(
             entry = _stored(message)
         messages.extend(entry.sent)
         chars += entry.chars
-    return Prompt(messages, chars if messages else 2)
+        cut = cut or entry.cut
+    return Prompt(messages, chars if messages else 2, cut)
 
 
 def copy_messages(session: Session, source_id: str, target_id: str) -> None:

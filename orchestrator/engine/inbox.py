@@ -19,20 +19,27 @@ recorded in Postgres (``message.queued``, ``message.dequeued``,
 rebuilds the inboxes from those records. A rebuilt entry keeps its
 original entry id in its ``entry`` field, so its turn's idempotency key is
 unchanged and it can never start a second turn.
+
+A queued message's turn inherits the conversation's last job's
+``context_data``, budget and priority, each unless the send gave its own
+(:class:`~schemas.MessageOptions`, kept in the entry's ``options`` field
+and in ``message.queued``); the last job is read when the turn starts.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import bindparam
+from sqlalchemy import bindparam, func
+from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from orchestrator.engine.actions import Action, Dequeue
 from orchestrator.engine.prebuilt import run
-from orchestrator.engine.turns import check_input, start_turn
+from orchestrator.engine.turns import check_input, check_job_data, start_turn
 from orchestrator.errors import (
     ChorusError,
     ConversationBusyError,
@@ -41,7 +48,7 @@ from orchestrator.errors import (
 from orchestrator.keys import inbox, inboxes, inboxes_restored
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, EventRow, Turn, table
-from schemas import AgentSpec, ConversationState, EventName, JobRequest
+from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest, MessageOptions
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +67,17 @@ def _conversation(session: Session, conversation_id: str) -> tuple[Conversation,
     return conv, session.get(Turn, conv.turn_id) if conv.turn_id else None
 
 
-def send(rt: Runtime, conversation_id: str, text: str) -> tuple[str, list[Action]]:
+#: Field of an inbox entry holding its :class:`~schemas.MessageOptions` as JSON.
+OPTIONS = "options"
+
+
+def send(
+    rt: Runtime, conversation_id: str, text: str, options: MessageOptions | None = None
+) -> tuple[str, list[Action]]:
     """Queue ``text`` for the conversation; returns the entry id and the
     dequeue to dispatch (which starts it at once if the conversation is idle).
+    ``options`` overrides what the turn would inherit from the
+    conversation's last job.
 
     Everything that can refuse the message is checked before it enters the
     stream; its ``message.queued`` event commits with the entry, and the
@@ -70,18 +85,26 @@ def send(rt: Runtime, conversation_id: str, text: str) -> tuple[str, list[Action
     message behind to run later.
     """
     check_input(rt.settings, text, "text")
+    given = options.model_dump(mode="json", exclude_none=True) if options else {}
+    if options is not None:
+        check_job_data(options.context_data, options.budget)
     key = inbox(rt.settings.redis_prefix, conversation_id)
     entry: str | None = None
     try:
         with rt.transaction() as (session, outbox):
             conv, turn = _conversation(session, conversation_id)
-            entry = _enqueue(rt, conversation_id, {"text": text})
-            outbox.record(EventName.MESSAGE_QUEUED, conv, turn, entry=entry, text=text)
+            entry = _enqueue(rt, conversation_id, _fields(text, given))
+            outbox.record(EventName.MESSAGE_QUEUED, conv, turn, entry=entry, text=text, **given)
     except BaseException:
         if entry is not None:
             rt.redis.xdel(key, entry)
         raise
     return entry, [Dequeue(conversation_id)]
+
+
+def _fields(text: str, options: dict[str, Any]) -> dict[str, str]:
+    """An inbox entry's fields: the text, and the send's options if any."""
+    return {"text": text, OPTIONS: json.dumps(options)} if options else {"text": text}
 
 
 def clear(rt: Runtime, conversation_id: str) -> int:
@@ -99,9 +122,24 @@ def clear(rt: Runtime, conversation_id: str) -> int:
 
 
 _CONVERSATIONS = table(Conversation)
-#: What :func:`dequeue` reads of the conversation (a pre-built Core select).
-_STATE = select(_CONVERSATIONS.c.state, _CONVERSATIONS.c.agent_spec).where(
-    _CONVERSATIONS.c.id == bindparam("id")
+_LAST = table(Turn).alias("last_turn")
+_JOB = table(Turn).alias("last_job")
+#: What :func:`dequeue` reads (a pre-built Core select): the conversation,
+#: and what its last job (the job of its latest turn) ran with.
+_STATE = (
+    core_select(
+        _CONVERSATIONS.c.state,
+        _CONVERSATIONS.c.agent_spec,
+        _CONVERSATIONS.c.priority,
+        _JOB.c.context_data,
+        _JOB.c.budget,
+    )
+    .select_from(
+        _CONVERSATIONS.outerjoin(_LAST, _LAST.c.id == _CONVERSATIONS.c.turn_id).outerjoin(
+            _JOB, _JOB.c.id == func.coalesce(_LAST.c.job_id, _LAST.c.id)
+        )
+    )
+    .where(_CONVERSATIONS.c.id == bindparam("id"))
 )
 
 
@@ -123,11 +161,18 @@ def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
             return []
         if conv.state != ConversationState.IDLE.value:
             return []  # the running turn's end dequeues again
+        given = MessageOptions.model_validate_json(fields.get(OPTIONS) or "{}")
+        budget = given.budget or (Budget.model_validate(conv.budget) if conv.budget else None)
         request = JobRequest(
             agent=AgentSpec.model_validate(conv.agent_spec),
             input=fields["text"],
             conversation_id=conversation_id,
             idempotency_key=idempotency_key(conversation_id, original),
+            context_data=given.context_data
+            if given.context_data is not None
+            else conv.context_data or {},
+            budget=budget,
+            priority=conv.priority if given.priority is None else given.priority,
         )
         try:
             _ref, actions = start_turn(rt, request, queued_entry=original)
@@ -216,12 +261,13 @@ def restore_inboxes(rt: Runtime) -> int:
             .where(col(EventRow.name).in_(_INBOX_EVENTS))
             .order_by(col(EventRow.root_id), col(EventRow.seq))
         ).all()
-    pending: dict[str, dict[str, str]] = defaultdict(dict)
+    pending: dict[str, dict[str, dict[str, str]]] = defaultdict(dict)
     for conversation_id, name, data in rows:
         if name == EventName.QUEUE_CLEARED.value:
             pending[conversation_id].clear()
         elif name == EventName.MESSAGE_QUEUED.value:
-            pending[conversation_id][data["entry"]] = data["text"]
+            given = {k: v for k, v in data.items() if k in MessageOptions.model_fields}
+            pending[conversation_id][data["entry"]] = _fields(data["text"], given)
         else:
             pending[conversation_id].pop(data.get("entry", ""), None)
     prefix = rt.settings.redis_prefix
@@ -231,7 +277,7 @@ def restore_inboxes(rt: Runtime) -> int:
         for entry in sorted(entries, key=lambda e: tuple(int(p) for p in e.split("-"))):
             if rt.redis.xrange(key, entry, entry):
                 continue  # still there: Redis kept its data
-            _enqueue(rt, conversation_id, {"text": entries[entry], "entry": entry})
+            _enqueue(rt, conversation_id, {**entries[entry], "entry": entry})
             restored += 1
     rt.redis.set(inboxes_restored(prefix), "1")
     if restored:

@@ -14,6 +14,8 @@ from typing import Any
 
 import jsonschema
 
+from orchestrator.errors import PatternTimeoutError
+from orchestrator.patterns import limited
 from schemas import AgentSpec, ToolCallBlock, ToolSpec
 
 FINAL_ANSWER = "final_answer"
@@ -38,12 +40,18 @@ def final_call(spec: AgentSpec, calls: list[ToolCallBlock]) -> ToolCallBlock | N
 
 
 def problems(spec: AgentSpec, params: dict[str, Any]) -> list[str]:
-    """What is wrong with ``params`` for the output schema (empty: valid)."""
+    """What is wrong with ``params`` for the output schema (empty: valid).
+    Its patterns are matched within :data:`~orchestrator.patterns.PATTERN_SECONDS`."""
     assert spec.output_schema is not None
     validator = jsonschema.Draft202012Validator(spec.output_schema)
+    try:
+        with limited():
+            errors = list(validator.iter_errors(params))
+    except PatternTimeoutError as exc:
+        return [f"(answer): {exc}"]
     return [
         f"{'.'.join(str(p) for p in error.absolute_path) or '(answer)'}: {error.message}"
-        for error in sorted(validator.iter_errors(params), key=lambda e: list(e.path))
+        for error in sorted(errors, key=lambda e: list(e.path))
     ]
 
 

@@ -10,23 +10,27 @@ call's id) and size, its first and last characters, and what was left out.
 The built-in tool ``read_tool_output(handle, offset, length)`` returns a
 slice of that text: characters ``[offset, offset + length)``, ``length``
 at most the limit, after a one-line header saying which part it is. It is
-offered to every agent with tools (a tool list that does not change with
-the conversation keeps the provider's prompt cache), runs where other
-tools run, and reads only outputs archived in its own conversation tree:
-any other handle is an error result. Its own results are never archived.
+offered to an agent with tools only in a step whose prompt holds a view
+(:func:`holds_view`), or on every step when the agent lists it in its
+``tools`` (a tool list that does not change keeps the provider's prompt
+cache). It runs where other tools run, and reads only outputs archived in
+its own conversation tree: any other handle is an error result. Its own
+results are never archived.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from sqlmodel import Session, col, select
 
 from orchestrator.store.tables import Conversation, ToolCallRow
-from schemas import AgentSpec, ToolSpec
+from schemas import AgentSpec, Message, ToolResultBlock, ToolSpec
+from schemas.specs import READ_TOOL_OUTPUT
 
-READ_TOOL_OUTPUT = "read_tool_output"
+__all__ = ["READ_TOOL_OUTPUT"]
 #: Share of a view's characters taken from the output's start (the rest: its end).
 HEAD_SHARE = 0.75
 
@@ -57,15 +61,34 @@ def view(handle: str, tool: str, result: Any, limit: int) -> str:
     )
 
 
+#: The first line of a view (:func:`view`).
+_NOTICE = re.compile(
+    r"\[The output of .+ is \d+ characters: showing the first \d+ and the last \d+\. "
+    rf'Read any part with {READ_TOOL_OUTPUT}\(handle="[^"\n]+", offset, length\)\.\]\n'
+)
+
+
+def holds_view(message: Message) -> bool:
+    """Does ``message`` hold a tool result shown as a view (a cut output)?"""
+    return any(
+        isinstance(block, ToolResultBlock)
+        and isinstance(block.result, str)
+        and _NOTICE.match(block.result) is not None
+        for block in message.content
+    )
+
+
 def reads_outputs(spec: AgentSpec) -> bool:
-    """Whether the agent is offered ``read_tool_output``: it has tools or
-    MCP servers, whose results may be archived."""
+    """Whether the agent may be offered ``read_tool_output``: it has tools
+    or MCP servers, whose results may be archived."""
     return bool(spec.tools or spec.toolsets)
 
 
-def read_output_tool(spec: AgentSpec) -> ToolSpec | None:
-    """The ``read_tool_output`` tool, for an agent with tools (else None)."""
-    if not reads_outputs(spec):
+def read_output_tool(spec: AgentSpec, cut: bool = True) -> ToolSpec | None:
+    """The ``read_tool_output`` tool, for an agent with tools in a step
+    whose prompt holds a view (``cut``) or on every step when the agent
+    lists it in its ``tools`` (else None)."""
+    if not (reads_outputs(spec) and (cut or READ_TOOL_OUTPUT in spec.tools)):
         return None
     limit = spec.tool_output_limit
     return ToolSpec(

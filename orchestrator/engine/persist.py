@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session
 
 from orchestrator import registry
-from orchestrator.engine.access import may_call, refusal
+from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
@@ -105,17 +106,19 @@ def load_owned(
     return conv, turn, job
 
 
-def _segments(spec: AgentSpec, reply: ModelReply) -> list[tuple[int, bool, str]]:
+def _segments(
+    spec: AgentSpec, reply: ModelReply, offered: Collection[str]
+) -> list[tuple[int, bool, str]]:
     """(segment, parallelizable, queue) per call: a maximal run of
     parallelizable calls shares a segment, cut every ``max_parallel_tools``
     calls when the agent sets it; each other call is its own. Only the
-    agent's own tools are looked up: any other call is refused."""
+    agent's own tools the step offered are looked up: any other call is refused."""
     out: list[tuple[int, bool, str]] = []
     segment, prev_parallel, size = -1, False, 0
     cap = spec.max_parallel_tools
     for call in reply.tool_calls:
         parallel, queue = True, "tools"  # a call answered in the step (an error, a built-in)
-        if may_call(spec, call.tool):
+        if refusal(spec, call.tool, offered) is None:
             try:
                 tool = (
                     subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
@@ -162,15 +165,18 @@ def persist(
     tools_allowed: bool,
     admitted: Outbox,
     leased: tuple[LeasedConversation, LeasedTurn, JobRow, AgentSpec],
+    offered: Collection[str],
 ) -> list[Action]:
     """``clocks``: monotonic times the model call and the step task began;
-    ``leased``: what the step read as it took the lease, and the spec."""
+    ``leased``: what the step read as it took the lease, and the spec;
+    ``offered``: the qualified names of the tools the step offered (a call
+    to any other name is refused: :func:`~orchestrator.engine.access.refusal`)."""
     conversation_id, turn_id, step = ids
     conv, turn, job, spec = leased
     if tools_allowed and _one_statement(rt, spec, reply, (conv, turn, job)):
-        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec), admitted)
+        return _store_batch(rt, ids, owner, reply, clocks, (conv, turn, spec), admitted, offered)
     actions = _persist_owned(
-        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed, admitted
+        rt, conversation_id, turn_id, step, owner, reply, clocks, tools_allowed, admitted, offered
     )
     if actions is None:  # the lease was lost or the cursor moved while the model ran
         record_superseded(rt, conversation_id, turn_id, step, reply, admitted)
@@ -188,6 +194,7 @@ def _persist_owned(
     clocks: tuple[float, float],
     tools_allowed: bool,
     admitted: Outbox,
+    offered: Collection[str],
 ) -> list[Action] | None:
     """Store the reply if this copy still owns the step; None if it does not."""
     with rt.transaction(carried(admitted)) as (session, outbox):
@@ -210,7 +217,7 @@ def _persist_owned(
         totals = _add_usage(session, outbox, conv, (turn, job), step, reply, clocks, runs)
         if verdict == "tools":
             actions = _record_calls(
-                session, outbox, conv, turn, spec, step, reply, totals, errors, left
+                session, outbox, conv, turn, spec, step, reply, totals, errors, left, offered
             )
         elif verdict == "nudge":
             actions = _nudge(session, conv, turn_id, step, totals)
@@ -400,6 +407,7 @@ def _store_batch(
     clocks: tuple[float, float],
     lease: tuple[LeasedConversation, LeasedTurn, AgentSpec],
     admitted: Outbox,
+    offered: Collection[str],
 ) -> list[Action]:
     """Store a batch of tools to run (:func:`_one_statement`) in one
     statement committed on its own: the cursor's move to segment 0 and the
@@ -422,7 +430,9 @@ def _store_batch(
     }
     message = _assistant_message(conversation_id, turn_id, step, reply)
     with rt.autocommit() as connection:
-        rows, tasks = _call_rows(connection, outbox, (conv, turn), spec, step, reply, (None, None))
+        rows, tasks = _call_rows(
+            connection, outbox, (conv, turn), spec, step, reply, (None, None), offered
+        )
         new: list[NewRow] = [(MessageRow, message), *((ToolCallRow, row) for row in rows)]
         params.update(new_row_params(new))
         stored = outbox.flush_if(connection, STEP_MOVE, params, batch_riders(len(rows)))
@@ -445,9 +455,10 @@ def _record_calls(
     totals: dict[str, Any],
     errors: list[str] | None,
     left: int | None,
+    offered: Collection[str],
 ) -> list[Action] | None:
     """Store the tool calls, segment by segment, and return segment 0 to run.
-    A rejected final answer, a call to a tool the agent was not given, or a
+    A rejected final answer, a call to a tool the step did not offer, or a
     call past the job's tool-call budget (``left``), is stored with its
     error result and not run; a plan or handoff call is answered here
     (:func:`_answer_here`)."""
@@ -455,7 +466,9 @@ def _record_calls(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
         return None
-    rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, (errors, left))
+    rows, tasks = _call_rows(
+        session, outbox, (conv, turn), spec, step, reply, (errors, left), offered
+    )
     session.execute(STORE_CALLS, rows)
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
@@ -468,6 +481,7 @@ def _call_rows(
     step: int,
     reply: ModelReply,
     checks: tuple[list[str] | None, int | None],
+    offered: Collection[str],
 ) -> tuple[list[dict[str, Any]], list[ToolTask]]:
     """The rows of the reply's tool calls, with their events, and the
     tasks of segment 0. ``checks``: the final answer's errors and the
@@ -478,7 +492,7 @@ def _call_rows(
     handed: list[str] = []  # the batch's handoff target, once one is accepted
     rows: list[dict[str, Any]] = []  # stored with one INSERT (Core: no ORM objects)
     for position, (call, (segment, parallel, queue)) in enumerate(
-        zip(reply.tool_calls, _segments(spec, reply), strict=True)
+        zip(reply.tool_calls, _segments(spec, reply, offered), strict=True)
     ):
         row: dict[str, Any] = {
             "id": new_id(),
@@ -497,7 +511,7 @@ def _call_rows(
             "is_error": False,
             "finished_at": None,
         }
-        refused = refusal(spec, call.tool)
+        refused = refusal(spec, call.tool, offered)
         if call.tool == FINAL_ANSWER and errors is not None:
             refused = rejection(errors)
         elif refused is None and left is not None and position >= left:

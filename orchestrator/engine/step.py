@@ -31,7 +31,7 @@ from orchestrator.engine.lease import heartbeat
 from orchestrator.engine.output import (
     final_answer_tool,
 )
-from orchestrator.engine.outputs import read_output_tool
+from orchestrator.engine.outputs import READ_TOOL_OUTPUT, read_output_tool
 from orchestrator.engine.persist import carried, load_owned, persist, record_superseded
 from orchestrator.engine.planning import plan_tool
 from orchestrator.engine.prebuilt import run
@@ -239,6 +239,7 @@ def _run_step(
         tools, names = offered or ([], {})
         with rt.autocommit() as connection:
             prompt = model_prompt(connection, conv.id, spec, system, names)
+        tools, names = _with_reader(spec, (tools, names), tools_allowed and prompt.cut)
         messages = prompt.messages
         size = request_tokens(messages, tools, prompt.chars)
         fits = spec.context_tokens is None or size <= spec.context_tokens
@@ -307,7 +308,9 @@ def _run_step(
     if lease.lost.is_set() or reply.stopped:
         return _left(rt, ids, reply, admitted, lost=lease.lost.is_set())
     leased = (conv, turn, job, spec)
-    return persist(rt, ids, owner, reply, (started, began), tools_allowed, admitted, leased)
+    return persist(
+        rt, ids, owner, reply, (started, began), tools_allowed, admitted, leased, names.keys()
+    )
 
 
 def _left(
@@ -474,9 +477,12 @@ def _model_failed(
 
 def _offered_specs(spec: AgentSpec) -> list[ToolSpec]:
     """The agent's tools, its MCP servers' tools, one tool per subagent
-    template and per handoff target, and the built-in tools it asked for."""
+    template and per handoff target, and the built-in tools it asked for
+    (``read_tool_output`` only if it lists it: :func:`_with_reader`)."""
     specs = []
     for name in spec.tools:
+        if name == READ_TOOL_OUTPUT:
+            continue  # a built-in, below
         try:
             specs.append(registry.get_tool(name).spec)
         except UnknownToolError:
@@ -495,7 +501,7 @@ def _offered_specs(spec: AgentSpec) -> list[ToolSpec]:
                 specs.append(offer(name))
             except UnknownAgentError:
                 log.warning("agent %s names %s %s that this worker lacks", spec.name, kind, name)
-    for builtin in (plan_tool(spec), final_answer_tool(spec), read_output_tool(spec)):
+    for builtin in (plan_tool(spec), final_answer_tool(spec), read_output_tool(spec, cut=False)):
         if builtin is not None:
             specs.append(builtin)
     return specs
@@ -507,6 +513,22 @@ def _offered_tools(spec: AgentSpec) -> tuple[list[dict[str, Any]], dict[str, str
     specs = _offered_specs(spec)
     names = aliases(s.name for s in specs)
     return [tool_to_openai(s, names[s.name]) for s in specs], names
+
+
+def _with_reader(
+    spec: AgentSpec, offered: tuple[list[dict[str, Any]], dict[str, str]], cut: bool
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """``offered``, with ``read_tool_output`` if the prompt holds a ``cut``
+    output. Its name is provider-legal, and no other tool of the agent may
+    take it (:func:`orchestrator.toolnames.check_unique`): it is its own alias."""
+    tools, names = offered
+    reader = read_output_tool(spec) if cut else None
+    if reader is None or READ_TOOL_OUTPUT in names:
+        return offered
+    return [*tools, tool_to_openai(reader, READ_TOOL_OUTPUT)], {
+        **names,
+        READ_TOOL_OUTPUT: READ_TOOL_OUTPUT,
+    }
 
 
 def _offered_under_lease(

@@ -33,7 +33,7 @@ from orchestrator.engine.toolstatements import (
 )
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
-from orchestrator.logs import bind
+from orchestrator.logs import bind, redact
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import CALL_FINISHED
@@ -62,12 +62,18 @@ def _execute(
             )
         return registry.get_tool(call.tool).invoke(call.params, ctx, should_stop), False
     except ChorusError as exc:
-        return f"Error: {exc}", True
+        return _error(exc), True
     except ToolStopped:
         raise  # the job is being stopped: no result at all
     except Exception as exc:  # a bug in validation itself must not kill the worker
         log.exception("tool %s failed unexpectedly", call.tool)
-        return f"Error: {type(exc).__name__}: {exc}", True
+        return _error(f"{type(exc).__name__}: {exc}"), True
+
+
+def _error(exc: Exception | str) -> str:
+    """A failed call's result: its error, redacted as log lines are (it is
+    stored, published in ``tool.failed`` and shown to the model)."""
+    return f"Error: {redact(str(exc))}"
 
 
 def _cap(result: Any, limit: int) -> Any:
@@ -107,8 +113,8 @@ def run_tool(
     call, turn, conv = claimed
     _bind(call, turn, conv)
     spec = AgentSpec.model_validate(conv.agent_spec)
-    refused = refusal(spec, call.tool)
-    if refused is not None:  # never run a tool the agent was not given
+    refused = refusal(spec, call.tool) or _exhausted(rt, call)
+    if refused is not None:  # never run a tool the agent was not given, nor one past its runs
         with rt.transaction() as (session, outbox):
             _store_result(session, outbox, call, turn, conv, refused, True)
         return []
@@ -126,7 +132,9 @@ def run_tool(
         conversation_id=conv.id,
         root_id=conv.root_id,
         turn_id=turn.id,
-        tool_request_id=call.tool_request_id,
+        # the call's own row id, not the provider's id (which may repeat):
+        # unique per call and the same for every copy of its task
+        tool_request_id=call.id,
         context_data=dict(turn.context_data),
     )
     try:
@@ -157,6 +165,23 @@ def run_tool(
     elif stored:
         rt.publish(started)
     return []
+
+
+def _exhausted(rt: Runtime, call: CallFields) -> str | None:
+    """The error result of a call claimed more than ``max_tool_attempts``
+    times, or None. Each claim counts a run; a claim finding the call
+    already running means the run before it never recorded its result: its
+    process died (a tool that kills its process is redelivered at once by a
+    prefork pool) or the result was lost. Past the bound the call is not run
+    again: the model sees the error and the turn goes on."""
+    died = call.attempts - 1
+    if died < rt.settings.max_tool_attempts:
+        return None
+    log.warning("tool %s not run again: its process died %d times", call.tool, died)
+    return (
+        f"Error: tool {call.tool!r} was not run again: the tool's process died {died} "
+        "times while running this call"
+    )
 
 
 def _bind(call: CallFields, turn: TurnFields, conv: ConversationFields) -> None:
@@ -218,7 +243,7 @@ def _read(rt: Runtime, conv: ConversationFields, call: CallFields, limit: int) -
         with rt.session() as session:
             return read_output(session, conv.root_id, call.params, limit), False
     except ValueError as exc:
-        return f"Error: {exc}", True
+        return _error(exc), True
 
 
 def _record_result(
@@ -284,7 +309,7 @@ def _delegate(
         return start_child(rt, session, outbox, call, caller)
     except ChorusError as exc:
         turn, conv, _ = caller
-        if _record_result(session, call, f"Error: {exc}", True):
+        if _record_result(session, call, _error(exc), True):
             outbox.record(
                 EventName.SUBAGENT_FAILED,
                 conv,
@@ -292,6 +317,6 @@ def _delegate(
                 call.step,
                 tool=call.tool,
                 tool_request_id=call.tool_request_id,
-                error=str(exc),
+                error=redact(str(exc)),
             )
         return []

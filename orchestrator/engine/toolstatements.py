@@ -130,10 +130,22 @@ _TURN_AND_CONVERSATION = (
     .where(_TURN.c.id == bindparam("turn_id"), _CONVERSATION.c.id == bindparam("conversation_id"))
 )
 
-#: The call's one result: changes no row if a result is already there.
+#: The call's one result: changes no row if a result is already there or
+#: its job is being stopped. A stop marks the job before it records the
+#: unfinished calls ``cancelled``: a result that arrives in between (a
+#: function that returned before its task saw the stop, or while the stop's
+#: process died and the sweeper has yet to finish it) is dropped, so the
+#: stop's mark wins and the call ends ``tool.cancelled``, never completed
+#: after its job was stopped.
 RESULT = (
     update(_CALL)
-    .where(_CALL.c.id == bindparam("call_id"), _UNFINISHED)
+    .where(
+        _CALL.c.id == bindparam("call_id"),
+        _UNFINISHED,
+        _TURN.c.id == _CALL.c.turn_id,
+        _JOB.c.id == func.coalesce(_TURN.c.job_id, _TURN.c.id),
+        _JOB.c.stop_status.is_(None),
+    )
     .values(
         status=bindparam("result_status"),
         result=bindparam("result_value"),

@@ -17,10 +17,10 @@ from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.engine.prebuilt import NewRow, insert_new, run
-from orchestrator.errors import ConversationBusyError, InvalidRequestError
+from orchestrator.errors import ConversationBusyError, InvalidRequestError, UnknownAgentError
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings
-from orchestrator.specs import check_spec
+from orchestrator.specs import check_inline, check_spec
 from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
 from orchestrator.store.values import check
 from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest, TextBlock
@@ -59,6 +59,21 @@ def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
             _check_tree(registry.get_agent(name), seen)
 
 
+def check_inline_agent(settings: Settings, agent: str | AgentSpec) -> None:
+    """An inline spec (one that is not the registered agent of its name)
+    may not say where its model calls go: :func:`~orchestrator.specs.check_inline`
+    with ``CHORUS_MODEL_ENDPOINTS``. A registered agent is the workers' own
+    configuration and passes."""
+    if isinstance(agent, str):
+        return
+    try:
+        if registry.get_agent(agent.name) == agent:
+            return
+    except UnknownAgentError:
+        pass
+    check_inline(agent, settings.model_endpoints)
+
+
 def check_input(settings: Settings, text: str, field: str) -> None:
     """Job input (or a sent message): storable, within CHORUS_MAX_INPUT_CHARS."""
     if not isinstance(text, str):
@@ -77,9 +92,15 @@ def _check_request(settings: Settings, request: JobRequest) -> None:
     check_input(settings, request.input, "input")
     check(request.conversation_id, "conversation_id")
     check(request.idempotency_key, "idempotency_key")
-    check(request.budget, "budget")
-    check(request.context_data, "context_data")
-    size = len(json.dumps(request.context_data))
+    check_job_data(request.context_data, request.budget)
+
+
+def check_job_data(context_data: dict[str, Any] | None, budget: Budget | None) -> None:
+    """A job's (or a sent message's) ``context_data`` and budget: storable,
+    ``context_data`` within :data:`~schemas.jobs.MAX_CONTEXT_BYTES`."""
+    check(budget, "budget")
+    check(context_data, "context_data")
+    size = len(json.dumps(context_data))
     if size > MAX_CONTEXT_BYTES:
         raise InvalidRequestError(
             f"context_data is {size} bytes of JSON; the limit is {MAX_CONTEXT_BYTES}",
@@ -125,8 +146,9 @@ def start_turn(
     after the turn's rows, as before.
     """
     spec = resolve_agent(request.agent)
-    if queued_entry is None:  # a queued message was checked when it was sent: a
-        _check_request(rt.settings, request)  # worker's lower cap must not drop it
+    if queued_entry is None:  # a queued message was checked when it was sent (a
+        _check_request(rt.settings, request)  # worker's lower cap must not drop it)
+        check_inline_agent(rt.settings, request.agent)  # and runs its conversation's spec
     budget = request.budget or spec.budget
     agent_spec = spec.model_dump(mode="json")
     try:

@@ -14,7 +14,8 @@ Infinity; events are serialized by pydantic, which stops at 255 levels.
   sees that something was there rather than two words silently joined);
   NaN and the infinities become the strings ``"NaN"``, ``"Infinity"``,
   ``"-Infinity"``; anything nested deeper than :data:`MAX_DEPTH` is
-  replaced by a note saying so.
+  replaced by a note saying so; the value of a credential this process
+  holds becomes ``***`` (:func:`orchestrator.logs.redact_credentials`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from orchestrator.errors import InvalidRequestError
+from orchestrator.logs import redact_credentials
 
 #: Deepest nesting of lists and objects accepted in a stored value.
 MAX_DEPTH = 64
@@ -122,7 +124,7 @@ def too_deep(value: Any, depth: int = 0) -> bool:
 
 
 def storable_text(text: str) -> str:
-    return _UNSTORABLE.sub(REPLACEMENT, text)
+    return redact_credentials(_UNSTORABLE.sub(REPLACEMENT, text))
 
 
 def storable(value: Any, depth: int = 0) -> Any:

@@ -37,7 +37,7 @@ WORKERS = ("llm", "tools", "control")
 #: Services that start only once the migration job has succeeded.
 AFTER_MIGRATIONS = (*WORKERS, "beat", "metrics")
 LONG_RUNNING = (*WORKERS, "beat", "flower", "metrics", "redis", "postgres")
-HEALTHCHECKED = (*WORKERS, "flower", "metrics", "redis", "postgres")
+HEALTHCHECKED = (*WORKERS, "beat", "flower", "metrics", "redis", "postgres")
 
 #: How each program a container runs is reached from this test's interpreter.
 CLIS = {
@@ -339,6 +339,14 @@ def run_help(
     )
 
 
+def test_beat_healthcheck_is_accepted_by_the_cli(project: Project) -> None:
+    spec = service(project, "beat")
+    argv = shell_words(spec["healthcheck"]["test"])
+    assert argv[:4] == ["chorus", "alive", "--node", "beat"]
+    out = run_help(argv, spec["environment"])
+    assert out.returncode == 0, f"{shlex.join(argv)} --help:\n{out.stdout}{out.stderr}"
+
+
 @pytest.mark.parametrize("name", CHORUS_SERVICES)
 def test_command_is_accepted_by_its_cli(project: Project, name: str) -> None:
     spec = service(project, name)
@@ -358,7 +366,9 @@ def shell_words(test: list[str]) -> list[str]:
 def test_worker_healthcheck_is_accepted_by_the_cli(project: Project, name: str) -> None:
     spec = service(project, name)
     argv = shell_words(spec["healthcheck"]["test"])
-    assert argv[:2] == ["chorus", "ping"]
+    # the process runs (its liveness file), asked without Redis: an outage
+    # must not mark every worker unhealthy
+    assert argv[:2] == ["chorus", "alive"]
     assert argv[argv.index("--node") + 1] == f"{name}@container-host", (
         "matches the -n of the worker"
     )

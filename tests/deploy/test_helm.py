@@ -40,6 +40,10 @@ DEFAULT_POOLS = {
     "control": ["worker", "-Q", "control", "-P", "threads", "-c", "16"],
 }
 PING = 'exec chorus ping --node "$CHORUS_NODE_NAME" --timeout 5'
+#: A worker's liveness: its own file, no Redis (orchestrator/liveness.py).
+ALIVE = 'exec chorus alive --node "$CHORUS_NODE_NAME" --max-age 60'
+#: What pods that never call a model may take from the Secret.
+BROKER_KEYS = {"CHORUS_REDIS_URL", "CHORUS_BROKER_URL", "CHORUS_RESULT_BACKEND"}
 
 #: Autoscaling (CPU and queue length), the Flower ingress, an existing
 #: Secret, an extra pool, everything optional switched on.
@@ -63,7 +67,6 @@ FULL_VALUES: dict[str, Any] = {
         }
     },
     "flower": {
-        "unauthenticatedApi": True,
         "urlPrefix": "flower",
         "ingress": {
             "enabled": True,
@@ -259,9 +262,11 @@ def test_a_deployment_per_default_pool(default_manifests: list[Manifest]) -> Non
         assert env.index("POD_NAME") < env.index("CHORUS_NODE_NAME")
         assert env_of(c)["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
         assert env_of(c)["CHORUS_NODE_NAME"]["value"] == f"{pool}@$(POD_NAME)"
-        for probe in ("livenessProbe", "readinessProbe"):
-            assert c[probe]["exec"]["command"] == ["sh", "-c", PING]
-            assert c[probe]["timeoutSeconds"] > 5  # the ping's own timeout, plus start-up
+        # liveness must not depend on Redis (an outage would restart every
+        # worker and cut off paid model calls); readiness may
+        assert c["livenessProbe"]["exec"]["command"] == ["sh", "-c", ALIVE]
+        assert c["readinessProbe"]["exec"]["command"] == ["sh", "-c", PING]
+        assert c["readinessProbe"]["timeoutSeconds"] > 5  # the ping's timeout, plus start-up
         assert deployment["spec"]["replicas"] >= 1
         assert c["resources"]["requests"]["cpu"]
         labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -285,6 +290,40 @@ def test_beat_is_a_single_recreated_replica(default_manifests: list[Manifest]) -
     mounts = {m["mountPath"] for m in container(beat)["volumeMounts"]}
     config = one(default_manifests, "ConfigMap", f"{FULLNAME}-config")
     assert config["data"]["CHORUS_STATE_DIR"] in mounts
+    # and has a liveness probe: the last task it sent, at most 300 s ago
+    probe = container(beat)["livenessProbe"]
+    argv = probe["exec"]["command"]
+    assert argv == ["chorus", "alive", "--node", "beat", "--max-age", "300"]
+    assert float(argv[-1]) > 2 * float(config["data"]["CHORUS_SWEEP_INTERVAL"])
+    env = container_environment(default_manifests, container(beat))
+    assert run_help(argv, env).returncode == 0
+
+
+@pytest.mark.parametrize("scenario", ["default", "full"])
+def test_pods_that_never_call_a_model_get_no_provider_keys(
+    helm: Helm, full_values: Path, scenario: str
+) -> None:
+    sets = () if scenario == "full" else ("secret.env.OPENAI_API_KEY=sk-not-for-flower",)
+    manifests = render(helm, *scenario_files(scenario, full_values), sets=sets)
+    secret = "chorus-env" if scenario == "full" else f"{FULLNAME}-env"
+    for name in ("beat", "flower", "metrics"):
+        c = container(one(manifests, "Deployment", f"{FULLNAME}-{name}"))
+        assert not [s for s in c.get("envFrom", []) if "secretRef" in s], name
+        refs = {
+            e["valueFrom"]["secretKeyRef"]["key"]: e["valueFrom"]["secretKeyRef"]["name"]
+            for e in c["env"]
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        allowed = BROKER_KEYS | {
+            "flower": {"FLOWER_BASIC_AUTH"},
+            "metrics": {"CHORUS_DATABASE_URL"},
+        }.get(name, set())
+        assert "CHORUS_REDIS_URL" in refs and refs.keys() <= allowed, (name, refs)
+        assert set(refs.values()) == {secret}
+        assert "OPENAI_API_KEY" not in container_environment(manifests, c)
+    for pool in DEFAULT_POOLS:  # the workers call models and tools: the whole Secret
+        c = container(one(manifests, "Deployment", f"{FULLNAME}-worker-{pool}"))
+        assert {"secretRef": {"name": secret}} in c["envFrom"]
 
 
 def test_migration_is_a_pre_install_and_pre_upgrade_hook(
@@ -320,7 +359,10 @@ def test_config_and_secret(default_manifests: list[Manifest]) -> None:
     for workload in by_kind(default_manifests, "Deployment").values():
         sources = container(workload)["envFrom"]
         assert {"configMapRef": {"name": f"{FULLNAME}-config"}} in sources
-        assert {"secretRef": {"name": f"{FULLNAME}-env"}} in sources
+        if "-worker-" in workload["metadata"]["name"]:
+            assert {"secretRef": {"name": f"{FULLNAME}-env"}} in sources
+        else:  # only the keys it needs (test_pods_that_never_call_a_model_...)
+            assert "CHORUS_REDIS_URL" in env_of(container(workload))
         annotations = workload["spec"]["template"]["metadata"]["annotations"]
         assert re.fullmatch(r"[0-9a-f]{64}", annotations["checksum/config"])
         assert re.fullmatch(r"[0-9a-f]{64}", annotations["checksum/secret"])
@@ -468,7 +510,13 @@ def container_environment(manifests: list[Manifest], c: dict[str, Any]) -> dict[
             env[var["name"]] = SAMPLE_POD
         elif "secretKeyRef" in var["valueFrom"]:
             ref = var["valueFrom"]["secretKeyRef"]
-            env[var["name"]] = one(manifests, "Secret", ref["name"])["stringData"][ref["key"]]
+            rendered = by_kind(manifests, "Secret").get(ref["name"])
+            if rendered is None:
+                continue  # an existing Secret: its keys are the cluster's
+            data = rendered["stringData"]
+            assert ref["key"] in data or ref.get("optional"), f"{ref} is required"
+            if ref["key"] in data:
+                env[var["name"]] = data[ref["key"]]
     return env
 
 
@@ -527,16 +575,19 @@ def test_flower_options_exist(full_manifests: list[Manifest]) -> None:
         assert flag[2:].split("=")[0] in options, flag
 
 
+@pytest.mark.parametrize(("probe", "command"), [("liveness", "alive"), ("readiness", "ping")])
 @pytest.mark.parametrize("pool", DEFAULT_POOLS)
-def test_worker_probe_is_accepted_by_the_cli(default_manifests: list[Manifest], pool: str) -> None:
+def test_worker_probe_is_accepted_by_the_cli(
+    default_manifests: list[Manifest], pool: str, probe: str, command: str
+) -> None:
     c = container(one(default_manifests, "Deployment", f"{FULLNAME}-worker-{pool}"))
     env = container_environment(default_manifests, c)
-    shell, flag, script = c["livenessProbe"]["exec"]["command"]
+    shell, flag, script = c[f"{probe}Probe"]["exec"]["command"]
     assert (shell, flag) == ("sh", "-c")
     words = shlex.split(re.sub(r"\$\{?(\w+)\}?", lambda m: env[m.group(1)], script))
     assert words[0] == "exec"
     argv = words[1:]
-    assert argv[:2] == ["chorus", "ping"]
+    assert argv[:2] == ["chorus", command]
     # the node the probe pings is the one the worker was started as
     worker_args = [expand(a, env) for a in c["args"]]
     node = worker_args[worker_args.index("-n") + 1]
@@ -607,7 +658,29 @@ def test_flower_ingress(full_manifests: list[Manifest]) -> None:
     flower = container(one(full_manifests, "Deployment", f"{FULLNAME}-flower"))
     assert "--url_prefix=flower" in flower["args"]
     assert flower["readinessProbe"]["httpGet"]["path"] == "/flower/healthcheck"
-    assert env_of(flower)["FLOWER_UNAUTHENTICATED_API"]["value"] == "true"
+    # behind an Ingress, Flower does not start without basic auth
+    assert env_of(flower)["FLOWER_UNAUTHENTICATED_API"]["value"] == "false"
+    auth = env_of(flower)["FLOWER_BASIC_AUTH"]["valueFrom"]["secretKeyRef"]
+    assert auth == {"name": "chorus-env", "key": "FLOWER_BASIC_AUTH"}  # not optional
+
+
+def test_a_flower_ingress_needs_basic_auth(helm: Helm) -> None:
+    ingress = ("flower.ingress.enabled=true",)
+    args = ["template", RELEASE, str(CHART)]
+    unauthenticated = helm(*args, "--set", ingress[0], check=False)
+    assert unauthenticated.returncode != 0
+    assert "set secret.env.FLOWER_BASIC_AUTH" in unauthenticated.stderr
+    with_auth = ("flower.ingress.enabled=true", "secret.env.FLOWER_BASIC_AUTH=admin:s3cret")
+    opened = helm(
+        *args, *(f"--set={v}" for v in (*with_auth, "flower.unauthenticatedApi=true")), check=False
+    )
+    assert opened.returncode != 0 and "flower.unauthenticatedApi=false" in opened.stderr
+    manifests = render(helm, sets=with_auth)
+    assert by_kind(manifests, "Ingress")
+    flower = container(one(manifests, "Deployment", f"{FULLNAME}-flower"))
+    env = container_environment(manifests, flower)
+    assert env["FLOWER_BASIC_AUTH"] == "admin:s3cret"
+    assert "optional" not in env_of(flower)["FLOWER_BASIC_AUTH"]["valueFrom"]["secretKeyRef"]
 
 
 def test_prometheus_annotations_on_pods_when_asked(full_manifests: list[Manifest]) -> None:
@@ -730,7 +803,8 @@ def test_bad_values_are_refused(helm: Helm, setting: str, message: str) -> None:
             ["workers.pools.tools.pool=prefork", "workers.pools.tools.processes=2"],
             "processes is for threads or gevent pools",
         ),
-        (["workers.probes.liveness.timeoutSeconds=5"], "must exceed workers.probes.pingTimeout"),
+        (["workers.probes.readiness.timeoutSeconds=5"], "must exceed workers.probes.pingTimeout"),
+        (["beat.liveness.maxAgeSeconds=60"], "must exceed twice config.CHORUS_SWEEP_INTERVAL"),
     ],
 )
 def test_inconsistent_values_are_refused(helm: Helm, settings: list[str], message: str) -> None:

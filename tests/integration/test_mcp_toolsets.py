@@ -9,12 +9,15 @@ queue of the ``mcp_http`` server.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -117,7 +120,7 @@ def test_stdio_tools_return_fail_time_out_and_stay_within_the_agent(mcp_fleet: C
     echo = calls["mcp_stdio.echo"]
     assert not echo.is_error, echo.result
     assert echo.result["text"] == "hello"
-    assert echo.result["meta"]["chorus/tool_request_id"] == echo.tool_request_id
+    assert echo.result["meta"]["chorus/tool_request_id"] == echo.id  # the call's own id
 
     # The failure and the timeout are error results naming what happened
     fail, slow = calls["mcp_stdio.fail"], calls["mcp_stdio.slow"]
@@ -152,13 +155,8 @@ def test_http_tools_are_offered_with_their_schemas_and_called(mcp_fleet: Client)
 
     # Then the model was offered the server's tools as the server lists them
     offered = {t["function"]["name"]: t["function"] for t in first["tools"]}
-    # (under provider-legal aliases), with the built-in read_tool_output
-    assert set(offered) == {
-        "mcp_http__echo",
-        "mcp_http__fail",
-        "mcp_http__slow",
-        "read_tool_output",
-    }
+    # (under provider-legal aliases; no read_tool_output: no output was cut)
+    assert set(offered) == {"mcp_http__echo", "mcp_http__fail", "mcp_http__slow"}
     assert offered["mcp_http__echo"]["parameters"] == ECHO_SCHEMA
     assert (
         offered["mcp_http__echo"]["description"] == "Say the text back, with the request's _meta."
@@ -168,7 +166,7 @@ def test_http_tools_are_offered_with_their_schemas_and_called(mcp_fleet: Client)
     (call,) = tool_calls(mcp_fleet, job.id)
     assert call.tool == "mcp_http.echo"
     assert not call.is_error and call.result["text"] == "over http"
-    assert call.result["meta"]["chorus/tool_request_id"] == call.tool_request_id
+    assert call.result["meta"]["chorus/tool_request_id"] == call.id
     tool_message = next(m for m in second["messages"] if m["role"] == "tool")
     assert json.loads(tool_message["content"])["text"] == "over http"
 
@@ -179,17 +177,21 @@ def test_a_server_that_is_down_gives_error_results_and_the_turn_finishes(
     # Given an agent whose MCP server is not running, and a plain tool
     job = mcp_fleet.submit("mcp-down", "try")
 
-    # Then the turn finishes: the server's tool failed, the plain tool ran
-    answer = job.result(timeout=60)
+    # Then the turn finishes: the server's tool was not offered (it could
+    # not be listed), so its call is refused; the plain tool ran
+    job.result(timeout=60)
     calls = {c.tool: c for c in tool_calls(mcp_fleet, job.id)}
     down = calls["mcp_down.echo"]
     assert down.is_error
-    assert "MCP server 'mcp_down': tools/call 'echo' failed: ConnectError" in str(down.result)
+    assert down.result == "Error: tool 'mcp_down.echo' is not available to agent 'mcp-down'"
     assert (calls["add"].is_error, calls["add"].result) == (False, 3)
     # and a name that no tool can have is an error result, not a failed turn
     assert calls["mcp_down.no such tool"].is_error
-    assert "ConnectError" in answer
     assert job.status().status == "completed"
+    # A server that is down when called: an error result naming the server
+    ctx = ToolContext("conversation", "root", "turn", "request-1")
+    with pytest.raises(ChorusError, match="'mcp_down': tools/call 'echo' failed: ConnectError"):
+        registry.get_tool("mcp_down.echo").invoke({"text": "anyone?"}, ctx)
 
 
 def test_mcp_server_declarations_are_checked() -> None:
@@ -284,3 +286,102 @@ def test_a_header_comes_from_the_environment_variable_the_declaration_names(
         said = echo.invoke({"text": "hi"}, ctx)
     assert said["authorization"] == "Bearer not-a-real-token"
     assert said["meta"]["chorus/tool_request_id"] == "request-1"
+
+
+def test_a_server_namespace_admits_only_the_tools_the_step_offered(mcp_fleet: Client) -> None:
+    with LoopbackLLM() as model:
+        # Given a model that calls a listed tool, the tool the server lists
+        # with an invalid schema (not offered) and one the server never listed
+        agent = AgentSpec(
+            name="mcp-offered",
+            model="openai/loopback-model",
+            toolsets=("mcp_stdio",),
+            model_settings={"api_base": model.base_url},
+        )
+        model.enqueue_tool_calls(
+            [
+                ("mcp_stdio__echo", {"text": "listed"}),
+                ("mcp_stdio.broken", {"x": 1}),
+                ("mcp_stdio.unlisted", {}),
+            ]
+        )
+        model.enqueue_text("Done.")
+        job = mcp_fleet.submit(agent, "go")
+        assert job.result(timeout=60) == "Done."
+
+    # Then only the offered tool ran; the others were refused in the step
+    calls = {c.tool: c for c in tool_calls(mcp_fleet, job.id)}
+    assert not calls["mcp_stdio.echo"].is_error
+    for name in ("mcp_stdio.broken", "mcp_stdio.unlisted"):
+        assert calls[name].is_error
+        assert calls[name].result == f"Error: tool {name!r} is not available to agent 'mcp-offered'"
+    started = {e.data["tool"] for e in job.events(deltas=False) if e.name is EventName.TOOL_STARTED}
+    assert started == {"mcp_stdio.echo"}
+
+
+def _echo_pids(client: Client, model: LoopbackLLM, agent: AgentSpec, calls: int) -> list[int]:
+    """Run a turn of ``calls`` parallel echo calls; the server pid of each."""
+    model.enqueue_tool_calls([("mcp_stdio__echo", {"text": str(i)}) for i in range(calls)])
+    model.enqueue_text("Done.")
+    job = client.submit(agent, "echo")
+    assert job.result(timeout=60) == "Done."
+    results = [c for c in tool_calls(client, job.id)]
+    assert [c.is_error for c in results] == [False] * calls, [c.result for c in results]
+    return [int(c.result["pid"]) for c in results]
+
+
+def test_a_stdio_server_runs_once_per_worker_process_and_again_after_it_died(
+    mcp_fleet: Client,
+) -> None:
+    with LoopbackLLM() as model:
+        agent = AgentSpec(
+            name="mcp-kept",
+            model="openai/loopback-model",
+            toolsets=("mcp_stdio",),
+            model_settings={"api_base": model.base_url},
+        )
+        # When two turns make twelve calls to the stdio server
+        pids = _echo_pids(mcp_fleet, model, agent, 6) + _echo_pids(mcp_fleet, model, agent, 6)
+        # Then they were served by at most one server process per pool
+        # process of the tools worker (prefork, 4 children), not one per call
+        assert len(set(pids)) <= 4, pids
+
+        # When those servers die, the next calls start new ones and succeed
+        for pid in set(pids):
+            os.kill(pid, signal.SIGKILL)
+        again = _echo_pids(mcp_fleet, model, agent, 4)
+    assert not set(again) & set(pids)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_stdio_session_is_shared_replaced_after_a_timeout_and_closed_when_idle() -> None:
+    ctx = ToolContext("conversation", "root", "turn", "request-1")
+    kept = MCPServer(
+        "mcp_kept",
+        command=[sys.executable, "-m", "tests.mcp_server", "stdio"],
+        cwd=str(ROOT),
+        timeout=2,
+        idle_seconds=1,
+    )
+    echo, slow = (registry.get_tool(f"{kept.name}.{name}") for name in ("echo", "slow"))
+    # Calls from many threads of one process share one server process
+    with ThreadPoolExecutor(8) as threads:
+        said = list(threads.map(lambda i: echo.invoke({"text": str(i)}, ctx), range(8)))
+    (pid,) = {s["pid"] for s in said}
+    # A call that times out leaves that server to close; the next call starts another
+    with pytest.raises(ChorusError, match="timed out after 2s"):
+        slow.invoke({"seconds": 30}, ctx)
+    after = echo.invoke({"text": "again"}, ctx)["pid"]
+    assert after != pid
+    # and each closes: the stuck one, and the new one once idle for a second
+    deadline = time.monotonic() + 30
+    while (_running(pid) or _running(after)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(pid) and not _running(after)

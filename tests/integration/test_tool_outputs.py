@@ -18,8 +18,10 @@ from sqlmodel import select
 
 from orchestrator import Client, ToolOutputNotFound
 from orchestrator.store.tables import ToolCallRow
-from schemas import EventName, ToolResultBlock
+from schemas import AgentSpec, EventName, ToolResultBlock
 from tests.agents import big_text
+from tests.conftest import tool_calls
+from tests.loopback_llm import LoopbackLLM
 
 pytestmark = pytest.mark.integration
 
@@ -152,3 +154,58 @@ def test_a_small_output_is_unchanged(client: Client, workers: Any) -> None:
         assert (row.result, row.view_chars) == (None, None)
     with pytest.raises(ToolOutputNotFound):
         client.tool_output(job.conversation_id, row.id)
+
+
+def _offered(request: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in request.get("tools", [])]
+
+
+def test_read_tool_output_is_offered_only_where_an_output_was_cut(
+    client: Client, workers: Any
+) -> None:
+    with LoopbackLLM() as model:
+        # Given an agent with one tool, whose model first calls it with a
+        # small output and read_tool_output (not offered yet), then makes the
+        # tool cut its output, then reads it
+        agent = AgentSpec(
+            name="cut-reader",
+            model="openai/loopback-model",
+            tools=("big_output",),
+            tool_output_limit=1000,
+            model_settings={"api_base": model.base_url},
+        )
+        model.enqueue_tool_calls(
+            [("big_output", {"size": 10}), ("read_tool_output", {"handle": "0" * 32})]
+        )
+        model.enqueue_tool_calls([("big_output", {"size": 5000})])
+        model.enqueue_text("Read enough.")
+        job = client.submit(agent, "go")
+        assert job.result(timeout=60) == "Read enough."
+        first, second, third = model.requests
+
+    # Then read_tool_output was offered only once a prompt held a cut output
+    assert _offered(first) == _offered(second) == ["big_output"]
+    assert _offered(third) == ["big_output", "read_tool_output"]
+    # and its call, where it was not offered, was refused and never ran
+    calls = {c.tool: c for c in tool_calls(client, job.id) if c.step == 0}
+    refused = calls["read_tool_output"]
+    assert refused.is_error
+    assert "'read_tool_output' is not available to agent 'cut-reader'" in str(refused.result)
+    started = [e.data["tool"] for e in job.events(deltas=False) if e.name is EventName.TOOL_STARTED]
+    assert started == ["big_output", "big_output"]
+
+
+def test_an_agent_listing_read_tool_output_is_offered_it_on_every_step(
+    client: Client, workers: Any
+) -> None:
+    with LoopbackLLM() as model:
+        agent = AgentSpec(
+            name="always-reader",
+            model="openai/loopback-model",
+            tools=("big_output", "read_tool_output"),
+            model_settings={"api_base": model.base_url},
+        )
+        model.enqueue_text("Nothing to read.")
+        assert client.submit(agent, "go").result(timeout=60) == "Nothing to read."
+        (first,) = model.requests
+    assert _offered(first) == ["big_output", "read_tool_output"]

@@ -7,7 +7,16 @@ import logging
 
 import pytest
 
-from orchestrator.logs import bind, log_context, redact, setup_logging
+from orchestrator.logs import (
+    bind,
+    credential_values,
+    log_context,
+    redact,
+    redact_credentials,
+    setup_logging,
+    treat_as_credentials,
+)
+from orchestrator.store.values import storable_text
 
 
 @pytest.mark.parametrize(
@@ -19,10 +28,48 @@ from orchestrator.logs import bind, log_context, redact, setup_logging
         ('{"api_key": "xyz-987"}', "xyz-987"),
         ("Authorization: Bearer tok_55555", "tok_55555"),
         ("password=pa55", "pa55"),
+        ("token ghp_Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2 refused", "Z9y8X7w6V5u4"),
+        ("github_pat_11ABCDEFG0_abcdefghijklmnopqrstuv", "11ABCDEFG0_abc"),
+        ("Invalid API Key: gsk_abcdefghijklmnopqrstuvwxyz0123", "abcdefghijklmnop"),
+        ("aws AKIAABCDEFGHIJKLMNOP denied", "ABCDEFGHIJKLMNOP"),
     ],
 )
 def test_redact_masks_credentials(text: str, leak: str) -> None:
     assert leak not in redact(text)
+
+
+def test_redact_masks_the_values_of_held_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given credentials of no known shape in this process's environment
+    monkeypatch.setenv("CHORUS_TEST_PROVIDER_API_KEY", "Qv7Lw2Tz9Rb4")
+    monkeypatch.setenv("CHORUS_TEST_MCP_HEADER", "Bearer Zx81Yw72Vu63")
+    monkeypatch.setenv("CHORUS_TEST_BROKER", "redis://:Pw55Word99@host:6379/0")
+    treat_as_credentials(["CHORUS_TEST_MCP_HEADER"])
+
+    # Then their values are masked in logs, errors and stored output alike
+    text = "echo Qv7Lw2Tz9Rb4, token Zx81Yw72Vu63, password Pw55Word99"
+    for masked in (redact(text), redact_credentials(text), storable_text(text)):
+        assert masked == "echo ***, token ***, password ***"
+
+
+def test_credentials_are_named_like_one_and_look_like_one() -> None:
+    environ = {
+        "OPENAI_API_KEY": "sk-abc123def456",
+        "HF_TOKEN": "hf_a1b2c3d4e5f6",
+        "FLOWER_BASIC_AUTH": "admin:Secret99",
+        "AUTH_MODE": "standard",  # one kind of character: a word, not a secret
+        "GITHUB_TOKEN": "short1",  # too short to mask wherever it appears
+        "TOKENIZERS_PARALLELISM": "false-and-more",  # TOKENIZERS is not TOKEN
+        "PATH": "/usr/local/bin:/usr/bin",
+        "VERTEXAI_CREDENTIALS": '{"type": "service_account", "key_id": "Kf8-x"}',
+        "DATABASE": "postgresql://chorus:Db-Pass-42@db/chorus",
+    }
+    assert credential_values(environ) == {
+        "sk-abc123def456",
+        "hf_a1b2c3d4e5f6",
+        "admin:Secret99",
+        "Db-Pass-42",
+        '{"type": "service_account", "key_id": "Kf8-x"}',  # whole, not word by word
+    }
 
 
 def test_redact_keeps_ordinary_text() -> None:

@@ -123,10 +123,42 @@ Environment of every Chorus container: the ConfigMap, then the Secret (its
 keys win).
 */}}
 {{- define "chorus.envFrom" -}}
-- configMapRef:
-    name: {{ include "chorus.configMapName" . }}
+{{ include "chorus.configEnvFrom" . }}
 - secretRef:
     name: {{ include "chorus.secretName" . }}
+{{- end }}
+
+{{/*
+The ConfigMap alone: pods that never call a model (beat, Flower, the
+exporter) take only the Secret's keys they need (chorus.secretEnv), not
+the provider keys the workers get.
+*/}}
+{{- define "chorus.configEnvFrom" -}}
+- configMapRef:
+    name: {{ include "chorus.configMapName" . }}
+{{- end }}
+
+{{/*
+EnvVars read from the Secret, one key each. Arguments: root, required (keys
+the pod cannot start without), optional (keys it takes if present).
+*/}}
+{{- define "chorus.secretEnv" -}}
+{{- $name := include "chorus.secretName" .root }}
+{{- range .required }}
+- name: {{ . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $name }}
+      key: {{ . }}
+{{- end }}
+{{- range .optional }}
+- name: {{ . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $name }}
+      key: {{ . }}
+      optional: true
+{{- end }}
 {{- end }}
 
 {{/*
