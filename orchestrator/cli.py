@@ -221,6 +221,25 @@ def metrics(
     serve(Runtime(settings), host, port)
 
 
+@app.command()
+def queues() -> None:
+    """Each broker queue: messages waiting and workers reading it. A queue
+    with messages and no reader is flagged: its tasks wait for good (the
+    sweeper fails their turns after CHORUS_MAX_REDISPATCHES sweeps)."""
+    from orchestrator import registry
+    from orchestrator.readers import known_queues, queue_states
+    from orchestrator.runtime import Runtime
+
+    settings = _settings()
+    registry.load_modules(settings.modules)  # tools may name their own queues
+    for state in queue_states(Runtime(settings), known_queues()):
+        line = f"{state.queue:<20} waiting={state.waiting:<8} readers={state.readers}"
+        if state.readers == 0 and state.waiting:
+            console.print(Text.assemble(line, ("  no worker reads this queue", "red")))
+        else:
+            console.print(line)
+
+
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Apply the migrations to CHORUS_DATABASE_URL (or the embedded SQLite file)."""
@@ -250,7 +269,9 @@ def _follow(job: Job) -> None:
             console.print()
             streaming = False
         detail = {
-            k: v for k, v in event.data.items() if k in ("tool", "status", "error", "seconds")
+            k: v
+            for k, v in event.data.items()
+            if k in ("tool", "status", "error", "seconds", "queues")
         }
         console.print(
             Text.assemble(

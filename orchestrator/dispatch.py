@@ -54,7 +54,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 task_id=step_task_id(action.conversation_id, action.turn_id, action.step),
                 argsrepr=f"conv={_short(action.conversation_id)} turn={_short(action.turn_id)} "
                 f"step={action.step}",
-            ).apply_async(countdown=action.countdown or None)
+            ).apply_async(countdown=_held(app, action.countdown))
         elif isinstance(action, RunSegment):
             _send_segment(app, action)
         elif isinstance(action, RunAdvance):
@@ -67,7 +67,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 ignore_result=True,
                 priority=broker_priority(action.priority),
                 argsrepr=f"conv={_short(action.conversation_id)}",
-            ).apply_async(countdown=action.countdown or None)
+            ).apply_async(countdown=_held(app, action.countdown))
         elif isinstance(action, Revoke):
             if action.task_ids:
                 app.control.revoke(list(action.task_ids))
@@ -79,7 +79,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 ignore_result=True,
                 priority=broker_priority(action.priority),
                 argsrepr=f"job={_short(action.job_id)}",
-            ).apply_async(countdown=action.countdown)
+            ).apply_async(countdown=_held(app, action.countdown))
         elif isinstance(action, Dequeue):
             app.signature(
                 "chorus.dequeue",
@@ -88,6 +88,19 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
                 ignore_result=True,
                 argsrepr=f"conv={_short(action.conversation_id)}",
             ).apply_async()
+
+
+def _held(app: Celery, countdown: float) -> float | None:
+    """A countdown a worker may hold its task for: below half the broker's
+    visibility timeout, since Redis hands a task held longer to another
+    worker again (every hour by default, for as long as it is held). A task
+    that arrives early sends itself again for the time left: a deferred
+    step reads when it is due (``due_at``), a deadline the job's budget, a
+    checkpoint its rate limit."""
+    if not countdown:
+        return None
+    timeout = app.conf.broker_transport_options.get("visibility_timeout")
+    return min(countdown, timeout / 2) if timeout else countdown
 
 
 def _advance(app: Celery, seg: RunSegment | RunAdvance) -> Signature:

@@ -30,6 +30,12 @@ def inboxes_restored(prefix: str) -> str:
     return f"{prefix}:inboxes:restored"
 
 
+def readers(prefix: str, queue: str) -> str:
+    """The workers reading a broker queue (a sorted set: node name scored by
+    when its announcement expires, on Redis's clock)."""
+    return f"{prefix}:readers:{queue}"
+
+
 def dropped_messages(prefix: str) -> str:
     """How many broker messages workers dropped because they could not be
     decoded or delivered (an integer; ``chorus_broker_messages_dropped``)."""

@@ -3,7 +3,8 @@
 The exporter is one stateless process beside the fleet: on each scrape it
 reads the events stored since the previous scrape (Postgres is the source
 of truth, so every worker's work counts, whatever its pool) and the depth
-of each Celery queue in Redis. Counters start from the whole history at
+of each Celery queue in Redis, with the number of workers reading it
+(:mod:`orchestrator.readers`). Counters start from the whole history at
 exporter start, so a restart never makes them go down.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import redis
@@ -24,13 +25,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlmodel import col, select
 
-from orchestrator import registry
-from orchestrator.celery_conf import PRIORITY_STEPS, queue_lists
 from orchestrator.keys import dropped_messages
+from orchestrator.readers import QueueState, known_queues, queue_states
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import EventRow
 
-QUEUES = ("llm", "tools", "control")
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TURN_OUTCOMES = {
     "turn.started": "started",
@@ -118,20 +117,9 @@ class ChorusCollector(Collector):
             if len(rows) < self.batch:
                 return
 
-    def _queue_depths(self) -> Iterable[tuple[str, int]]:
-        prefix = self.rt.settings.redis_prefix
-        # Chorus's queues, and any queue a registered tool names.
-        queues = sorted(
-            {*QUEUES, *(registry.get_tool(n).spec.queue for n in registry.tool_names())}
-        )
+    def _queues(self) -> list[QueueState]:
         try:
-            pipe = self.rt.redis.pipeline(transaction=False)
-            for queue in queues:
-                for name in queue_lists(queue):
-                    pipe.llen(f"{prefix}:{name}")
-            sizes = pipe.execute()
-            steps = len(PRIORITY_STEPS)
-            return [(q, sum(sizes[i * steps : (i + 1) * steps])) for i, q in enumerate(queues)]
+            return queue_states(self.rt, known_queues())
         except redis.RedisError:
             return []
 
@@ -158,9 +146,16 @@ class ChorusCollector(Collector):
             yield t.model_seconds.family("chorus_model_call_seconds", "Model call latency.")
             yield t.step_seconds.family("chorus_step_seconds", "Step latency (chorus.step task).")
             depth = GaugeMetricFamily("chorus_queue_depth", "Messages waiting.", labels=["queue"])
-            for queue, size in self._queue_depths():
-                depth.add_metric([queue], size)
+            readers = GaugeMetricFamily(
+                "chorus_queue_readers",
+                "Workers reading the queue (0 with messages waiting: they wait for good).",
+                labels=["queue"],
+            )
+            for queue in self._queues():
+                depth.add_metric([queue.queue], queue.waiting)
+                readers.add_metric([queue.queue], queue.readers)
             yield depth
+            yield readers
             dropped = self._dropped_messages()
             if dropped is not None:
                 family = CounterMetricFamily(

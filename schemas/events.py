@@ -36,6 +36,7 @@ class EventName(StrEnum):
     MESSAGE_QUEUED = "message.queued"
     MESSAGE_DEQUEUED = "message.dequeued"
     QUEUE_CLEARED = "queue.cleared"
+    QUEUE_UNREAD = "queue.unread"
     CHECKPOINT_STARTED = "checkpoint.started"
     CHECKPOINT_COMPLETED = "checkpoint.completed"
     USAGE = "usage"

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import litellm
+from litellm.llms.custom_llm import CustomLLMError
 from pydantic import BaseModel, Field
 
 import examples.parallel_tools  # noqa: F401  (the example agent, for the end-to-end test)
 from orchestrator import Agent, ToolContext, tool
 from orchestrator.llm.scripted import Reply, ScriptedToolCall, call, register_script, scripted_model
 from schemas import RateLimit
+from schemas.specs import RetryPolicy
 
 
 def tool_results(messages: list[dict[str, Any]]) -> list[Any]:
@@ -1303,3 +1305,45 @@ register_script(
     ],
 )
 Agent("mcp-down", scripted_model("mcp-down"), tools=[mcp_down, "add"])
+
+# -- sweeper: a tool on a queue no worker reads; a model call that takes a while --
+
+
+@tool(queue="nobody-reads")
+def unread_tool() -> str:
+    """A tool routed to a queue that no test worker consumes."""
+    return "never runs"
+
+
+register_script("unread-queue", [Reply.call(call("unread_tool")), echo_results])
+Agent("unread-queue", scripted_model("unread-queue"), tools=[unread_tool])
+
+
+def _long_answer(messages: list[dict[str, Any]]) -> Reply:
+    # The input: seconds to take (waited on an event: Python's time.sleep
+    # fails under libfaketime, which a test uses to skew a worker's clock)
+    threading.Event().wait(float(messages[-1]["content"]))
+    return Reply.say("took my time")
+
+
+register_script("long-call", [_long_answer])
+Agent("long-call", scripted_model("long-call"))
+
+#: Inputs whose first model call failed (in this worker process).
+_failed_once: set[str] = set()
+
+
+def _fail_once(messages: list[dict[str, Any]]) -> Reply:
+    text = str(messages[-1]["content"])
+    if text not in _failed_once:
+        _failed_once.add(text)
+        raise CustomLLMError(status_code=503, message="overloaded, try later")
+    return Reply.say("recovered")
+
+
+register_script("retry-later", [_fail_once])
+Agent(
+    "retry-later",
+    scripted_model("retry-later"),
+    retry=RetryPolicy(initial_delay=10.0, jitter=0.0, max_attempts=3),
+)

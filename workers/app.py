@@ -14,6 +14,7 @@ from celery.signals import (
     setup_logging,
     worker_process_init,
     worker_ready,
+    worker_shutdown,
 )
 
 from orchestrator import registry
@@ -21,6 +22,7 @@ from orchestrator.celery_conf import QUEUES, make_celery
 from orchestrator.liveness import start_heartbeat, touch
 from orchestrator.llm.call import warm
 from orchestrator.logs import setup_logging as configure_logging
+from orchestrator.readers import Announcer
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.db import forget_engines
@@ -59,6 +61,23 @@ def prepare_worker(instance: Any = None, **_: Any) -> None:
     gc.freeze()
 
 
+def announce_queues(settings: Settings) -> tuple[Any, Any]:
+    """Signal handlers announcing the queues a worker reads while it runs
+    (:mod:`orchestrator.readers`), from its main process, on a runtime of
+    their own (a prefork child never uses its connection)."""
+    announcers: list[Announcer] = []
+
+    def ready(sender: Any = None, **_: Any) -> None:
+        queues = list(sender.app.amqp.queues.consume_from)
+        announcers.append(Announcer(Runtime(settings), sender.hostname, queues).start())
+
+    def shutdown(**_: Any) -> None:
+        while announcers:
+            announcers.pop().stop()
+
+    return ready, shutdown
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     """A Celery app with the Chorus tasks, importing ``settings.modules``."""
     settings = settings or load_settings()
@@ -68,6 +87,9 @@ def create_app(settings: Settings | None = None) -> Celery:
     worker_process_init.connect(_forget_inherited_engines, weak=False)
     celeryd_after_setup.connect(prepare_worker, weak=False)
     worker_ready.connect(no_result_subscriptions, weak=False)
+    ready, shutdown = announce_queues(settings)
+    worker_ready.connect(ready, weak=False)
+    worker_shutdown.connect(shutdown, weak=False)
 
     # Liveness (``chorus alive``): a worker's node shows that it runs,
     # without Redis; beat shows that it sends (orchestrator/liveness.py).

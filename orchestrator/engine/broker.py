@@ -150,6 +150,11 @@ class BrokerView:
             return True
         return self._latest.get(task_id, 0.0) > time.time() - within
 
+    def waiting(self, task_id: str, queue: str) -> bool:
+        """Is a copy of ``task_id`` waiting in ``queue`` (not yet delivered)?"""
+        self._scan_queue(queue)
+        return task_id in self.queued
+
     def drop_stale(self, older_than: float, is_done: Callable[[Delivered], bool]) -> int:
         """Remove delivered, unacknowledged messages older than
         ``older_than`` seconds whose work ``is_done``: without this Redis

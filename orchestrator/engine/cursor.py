@@ -13,6 +13,7 @@ from orchestrator.engine.actions import Action, Dequeue
 from orchestrator.engine.prebuilt import run
 from orchestrator.engine.subagents import answer_parent
 from orchestrator.events import Outbox
+from orchestrator.store.clock import db_now
 from orchestrator.store.tables import Conversation, Turn, table, utcnow
 from schemas import ConversationState, EventName, TurnStatus
 
@@ -86,19 +87,23 @@ def move_from(
 
 _CONVERSATION = table(Conversation)
 _TURN = table(Turn)
+_PROGRESS = "progress_at"
 
 
 def _set(keys: tuple[str, ...]) -> dict[str, Any]:
-    """The SET clause of a move: the version's step, then a bound value per key."""
+    """The SET clause of a move: the version's step, then a bound value per
+    key; the stall clock (``progress_at``) restarts on the database's clock,
+    which the sweeper reads it by."""
     c = _CONVERSATION.c
     return {
         "version": c.version + 1,
         **{key: bindparam(f"set_{key}", type_=c[key].type) for key in keys},
+        **({_PROGRESS: db_now()} if _PROGRESS in keys else {}),
     }
 
 
 def _set_params(values: dict[str, Any]) -> dict[str, Any]:
-    return {f"set_{key}": value for key, value in values.items()}
+    return {f"set_{key}": value for key, value in values.items() if key != _PROGRESS}
 
 
 @lru_cache(maxsize=64)

@@ -18,12 +18,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from sqlalchemy import bindparam, update
 
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import Conversation, table, utcnow
+from orchestrator.store.clock import db_now
+from orchestrator.store.tables import Conversation, table
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ _RENEW = (
         _CONVERSATIONS.c.id.in_(bindparam("b_ids", expanding=True)),
         _CONVERSATIONS.c.lease_owner.in_(bindparam("b_owners", expanding=True)),
     )
-    .values(lease_until=bindparam("b_until"))
+    .values(lease_until=db_now(bindparam("b_lease")))  # the database's clock
     .returning(_CONVERSATIONS.c.lease_owner)
 )
 
@@ -101,11 +101,10 @@ class Heartbeat:
             held = dict(self._leases)
         if not held:
             return
-        until = utcnow() + timedelta(seconds=self.rt.settings.lease_seconds)
         params = {
             "b_ids": sorted({x.conversation_id for x in held.values()}),
             "b_owners": list(held),
-            "b_until": until,
+            "b_lease": self.rt.settings.lease_seconds,
         }
         with self.rt.autocommit() as connection:  # one statement: its own transaction
             kept = set(connection.execute(_RENEW, params).scalars())

@@ -462,7 +462,6 @@ def _store_batch(
         "b_conv": conversation_id,
         "b_step": step,
         "b_owner": owner,
-        "b_now": utcnow(),
         **_usage_params(turn_id, step, usage),
         **tree_params(usage, len(reply.tool_calls)),
     }

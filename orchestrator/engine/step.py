@@ -9,7 +9,6 @@ import socket
 import time
 import uuid
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import func
@@ -43,6 +42,7 @@ from orchestrator.engine.planning import plan_tool
 from orchestrator.engine.prebuilt import run
 from orchestrator.engine.settle import settle
 from orchestrator.engine.stepstatements import (
+    DEFERRED,
     LEASED,
     TAKE_ALONE,
     TAKE_JOINED,
@@ -99,14 +99,12 @@ def _take_lease(
     conversation, the turn and the job's turn (its budget and totals).
     None: this copy leaves."""
     conversation_id, turn_id, step = ids
-    now = utcnow()
     params = {
         "b_conv": conversation_id,
         "b_turn": turn_id,
         "b_step": step,
-        "b_now": now,
         "b_owner": owner,
-        "b_until": now + timedelta(seconds=rt.settings.lease_seconds),
+        "b_lease": rt.settings.lease_seconds,
     }
     with rt.autocommit() as connection:
         if returns_joined_rows(connection):
@@ -118,15 +116,33 @@ def _take_lease(
         return None if found is None else leased(found)
 
 
-def _release_lease(db: Db, conversation_id: str, owner: str | None = None, **values: Any) -> None:
+def _release_lease(
+    db: Db, conversation_id: str, owner: str | None = None, due_in: float | None = None
+) -> None:
     """Give the model-call lease up (only if ``owner`` holds it, when given),
-    setting ``values`` on the conversation in the same update. A Core
+    deferring the step ``due_in`` seconds in the same update. A Core
     update: a conversation object the session holds keeps its loaded
     lease (nothing reads it after a release)."""
-    params = {"b_conv": conversation_id, **{f"b_{k}": v for k, v in values.items()}}
+    params: dict[str, Any] = {"b_conv": conversation_id, "b_due_in": due_in}
     if owner is not None:
         params["b_owner"] = owner
-    execute(connection_of(db), release(owner is not None, frozenset(values)), params)
+    execute(connection_of(db), release(owner is not None, due_in is not None), params)
+
+
+def _deferred(rt: Runtime, ids: tuple[str, str, int]) -> list[Action]:
+    """A copy that found its step deferred past now (its countdown was capped
+    below the broker's visibility timeout, or it is a redelivered copy) sends
+    the step again for the time left, and leaves."""
+    conversation_id, turn_id, step = ids
+    params = {"b_conv": conversation_id, "b_turn": turn_id, "b_step": step}
+    with rt.autocommit() as connection:
+        found = run(connection, DEFERRED, params).first()
+    if found is None:
+        return []
+    due_at, now, priority = found
+    left = (due_at - now).total_seconds()
+    log.info("step %s of %s: deferred for %.1f s more; sent again", step, turn_id, left)
+    return [RunStep(conversation_id, turn_id, step, priority, countdown=left)]
 
 
 def _past_max_steps(
@@ -169,7 +185,7 @@ def _defer(db: Db, conv: _Position, countdown: float, owner: str | None = None) 
     take a countdown longer than the stall timeout for a lost task; return
     the step to send with that countdown."""
     assert conv.turn_id is not None
-    _release_lease(db, conv.id, owner, due_at=utcnow() + timedelta(seconds=countdown))
+    _release_lease(db, conv.id, owner, due_in=countdown)
     return RunStep(conv.id, conv.turn_id, conv.cursor_step, conv.priority, countdown=countdown)
 
 
@@ -219,7 +235,7 @@ def _run_step(
     taken = _take_lease(rt, ids, owner)
     if taken is None:
         log.info("step %s of %s: moved on, leased elsewhere or stopping; leaving", step, turn_id)
-        return []
+        return _deferred(rt, ids)
     conv, turn, job = taken
     bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
     spec = AgentSpec.model_validate(conv.agent_spec)

@@ -31,6 +31,7 @@ from orchestrator.engine.budget import JOB_ROW_COLUMNS, LOCK_JOB, ROLL_UP, TREE_
 from orchestrator.engine.output import FINAL_ANSWER
 from orchestrator.engine.prebuilt import MESSAGE_VALUES, new_rows_if
 from orchestrator.events import Riders
+from orchestrator.store.clock import db_now
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
 from schemas import ConversationState
 
@@ -73,6 +74,16 @@ _AT_STEP = (
     _CONVERSATIONS.c.cursor_segment == -1,
 )
 
+#: The step is not deferred (a retry's backoff, a rate limit) past now: a
+#: copy sent early (its countdown is capped below the broker's visibility
+#: timeout) sends itself again instead (:data:`DEFERRED`).
+_NOT_DEFERRED = or_(_CONVERSATIONS.c.due_at.is_(None), _CONVERSATIONS.c.due_at <= db_now())
+
+#: When the step at ``b_step`` is due, and the database's time, if it is deferred past now.
+DEFERRED = select_columns(_CONVERSATIONS.c.due_at, db_now(), _CONVERSATIONS.c.priority).where(
+    *_AT_STEP, ~_NOT_DEFERRED
+)
+
 #: The model-call lease (:func:`~orchestrator.engine.step._take_lease`).
 _TAKE = (
     update(_CONVERSATIONS)
@@ -80,15 +91,16 @@ _TAKE = (
         *_AT_STEP,
         or_(
             _CONVERSATIONS.c.lease_until.is_(None),
-            _CONVERSATIONS.c.lease_until < bindparam("b_now"),
+            _CONVERSATIONS.c.lease_until < db_now(),  # the database's clock, not the worker's
             _CONVERSATIONS.c.lease_owner == bindparam("b_owner"),
         ),
+        _NOT_DEFERRED,
         _TURNS.c.id == bindparam("b_turn"),
         _TURNS.c.conversation_id == _CONVERSATIONS.c.id,
         _JOB_TURNS.c.id == func.coalesce(_TURNS.c.job_id, _TURNS.c.id),
         _JOB_TURNS.c.stop_status.is_(None),
     )
-    .values(lease_owner=bindparam("b_owner"), lease_until=bindparam("b_until"))
+    .values(lease_owner=bindparam("b_owner"), lease_until=db_now(bindparam("b_lease")))
 )
 #: The columns of :class:`LeasedConversation`, :class:`LeasedTurn` and the
 #: job's :class:`~orchestrator.engine.budget.JobRow`, in order (labelled:
@@ -210,7 +222,7 @@ STEP_MOVE = (
         lease_until=None,
         redispatches=0,
         due_at=None,
-        progress_at=bindparam("b_now"),
+        progress_at=db_now(),
         input_tokens=_CONVERSATIONS.c.input_tokens + bindparam("b_input"),
         output_tokens=_CONVERSATIONS.c.output_tokens + bindparam("b_output"),
         cost_usd=_CONVERSATIONS.c.cost_usd + bindparam("b_cost"),
@@ -237,11 +249,12 @@ def batch_riders(calls: int) -> Riders:
 
 
 @cache
-def release(owned: bool, columns: frozenset[str]) -> Update:
+def release(owned: bool, deferred: bool) -> Update:
     """The statement of :func:`~orchestrator.engine.step._release_lease`, built once per form: by
-    owner or not, and which further ``columns`` it sets."""
+    owner or not, and whether it defers the step ``b_due_in`` seconds (the
+    database's clock)."""
     where = [_CONVERSATIONS.c.id == bindparam("b_conv")]
     if owned:
         where.append(_CONVERSATIONS.c.lease_owner == bindparam("b_owner"))
-    values: dict[str, Any] = {c: bindparam(f"b_{c}") for c in sorted(columns)}
+    values: dict[str, Any] = {"due_at": db_now(bindparam("b_due_in"))} if deferred else {}
     return update(_CONVERSATIONS).where(*where).values(lease_owner=None, lease_until=None, **values)

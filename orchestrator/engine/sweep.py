@@ -13,15 +13,24 @@ queued message of any idle conversation whose dequeue was lost. It also
 finishes stops: a job marked stopping whose turn still runs (the stopping
 process died midway), and a job past its wall-time budget whose
 ``chorus.deadline`` task was lost.
+
+A task waiting in a queue that no worker reads (:mod:`orchestrator.readers`)
+is not late but stuck: it is not re-sent (the copy would wait beside it), but
+each sweep that finds it counts like a re-dispatch (``queue.unread``), so
+the turn fails past ``max_redispatches`` with an error naming the queue.
+
+Every time compared here is the database's (:mod:`orchestrator.store.clock`),
+which the workers' writes of those times use too, never this worker's clock.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, update
+from sqlalchemy import and_, literal, or_, update
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
@@ -38,15 +47,16 @@ from orchestrator.engine.actions import (
     step_task_id,
 )
 from orchestrator.engine.broker import BrokerView, Delivered
-from orchestrator.engine.budget import wall_time_left
 from orchestrator.engine.cancel import deadline, resume_stop
 from orchestrator.engine.cursor import finish_turn, is_current
 from orchestrator.engine.inbox import waiting_inboxes
 from orchestrator.engine.subagents import is_subagent_call
 from orchestrator.errors import ChorusError, UnknownToolError
+from orchestrator.readers import count_readers
 from orchestrator.runtime import Runtime
-from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
-from schemas import ConversationState, TurnStatus
+from orchestrator.store.clock import NOW, db_now, shifted
+from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, table
+from schemas import ConversationState, EventName, TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +68,9 @@ def _tool_timeout(name: str) -> float:
         return 0.0
 
 
-def _segment_action(session: Session, conv: Conversation, stall: float) -> Action | None:
+def _segment_action(
+    session: Session, conv: Conversation, stall: float, now: datetime
+) -> Action | None:
     assert conv.turn_id is not None
     calls = session.exec(
         select(ToolCallRow).where(
@@ -67,7 +79,6 @@ def _segment_action(session: Session, conv: Conversation, stall: float) -> Actio
             ToolCallRow.segment == conv.cursor_segment,
         )
     ).all()
-    now = utcnow()
     for c in calls:
         if c.status != "running":
             continue
@@ -84,40 +95,54 @@ def _segment_action(session: Session, conv: Conversation, stall: float) -> Actio
     )
 
 
-def _position_action(session: Session, conv: Conversation, stall: float) -> Action | None:
+def _position_action(
+    session: Session, conv: Conversation, stall: float, now: datetime
+) -> Action | None:
     """What serves the conversation's cursor now; None while it is in hand."""
     assert conv.turn_id is not None
     if conv.cursor_segment >= 0:
-        return _segment_action(session, conv, stall)
-    if conv.lease_until is not None and conv.lease_until > utcnow():
+        return _segment_action(session, conv, stall, now)
+    if conv.lease_until is not None and conv.lease_until > now:
         return None  # a live step holds the model-call lease
     return RunStep(conv.id, conv.turn_id, conv.cursor_step, conv.priority)
+
+
+def _tasks(action: Action) -> list[tuple[str, str]]:
+    """The tasks (id, queue) that serve this position."""
+    if isinstance(action, RunStep):
+        task_id = step_task_id(action.conversation_id, action.turn_id, action.step)
+        return [(task_id, QUEUES["chorus.step"])]
+    assert isinstance(action, RunSegment)
+    if action.calls:
+        return [(c.call_id, c.queue) for c in action.calls]
+    task_id = advance_task_id(action.conversation_id, action.turn_id, action.step, action.segment)
+    return [(task_id, QUEUES["chorus.advance"])]
 
 
 def _in_flight(broker: BrokerView, action: Action, stall: float) -> bool:
     """Is a task of this position still waiting in the broker (or just
     handed to a worker)? Then it is late, not lost."""
-    if isinstance(action, RunStep):
-        task_id = step_task_id(action.conversation_id, action.turn_id, action.step)
-        return broker.in_flight(task_id, QUEUES["chorus.step"], stall)
-    assert isinstance(action, RunSegment)
-    if action.calls:
-        return any(broker.in_flight(c.call_id, c.queue, stall) for c in action.calls)
-    task_id = advance_task_id(action.conversation_id, action.turn_id, action.step, action.segment)
-    return broker.in_flight(task_id, QUEUES["chorus.advance"], stall)
+    return any(broker.in_flight(task_id, queue, stall) for task_id, queue in _tasks(action))
 
 
-def stalled_query(now: datetime, stall: float) -> SelectOfScalar[str]:
+def _waiting_in(broker: BrokerView, action: Action) -> list[str]:
+    """The queues in which a task of this position waits (not delivered)."""
+    return sorted({queue for task_id, queue in _tasks(action) if broker.waiting(task_id, queue)})
+
+
+def stalled_query(stall: float) -> SelectOfScalar[str]:
     """Ids of running conversations whose cursor has not moved for ``stall``
-    seconds, oldest first (each one's own back-off is checked after)."""
+    seconds (the database's clock), oldest first (each one's own back-off
+    is checked after)."""
+    ago = db_now(literal(-stall))
     return (
         select(Conversation.id)
         .where(
             Conversation.state == ConversationState.RUNNING.value,
-            col(Conversation.progress_at) < now - timedelta(seconds=stall),
+            col(Conversation.progress_at) < ago,
             or_(  # a deferred step (retry, rate limit) is not stalled before it is due
                 col(Conversation.due_at).is_(None),
-                col(Conversation.due_at) < now - timedelta(seconds=stall),
+                col(Conversation.due_at) < ago,
             ),
         )
         .order_by(col(Conversation.progress_at))
@@ -130,9 +155,12 @@ def _backed_off(conv: Conversation, now: datetime, stall: float) -> bool:
     return conv.progress_at + wait > now
 
 
-def _give_up(rt: Runtime, conversation_id: str, version: int) -> list[Action]:
+def _give_up(
+    rt: Runtime, conversation_id: str, version: int, unread: Sequence[str] = ()
+) -> list[Action]:
     """Fail the turn whose position was re-dispatched ``max_redispatches``
-    times without moving (a subagent's failure answers its parent)."""
+    times without moving, or found waiting that often in ``unread``
+    queues (a subagent's failure answers its parent)."""
     with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         if conv is None or conv.version != version or conv.turn_id is None:
@@ -145,6 +173,10 @@ def _give_up(rt: Runtime, conversation_id: str, version: int) -> list[Action]:
         error = (
             f"{where} made no progress after {conv.redispatches} re-dispatches by the "
             f"sweeper (CHORUS_MAX_REDISPATCHES={rt.settings.max_redispatches}); giving up"
+            if not unread
+            else f"{where} waited in {_named(unread)}, which no worker reads, through "
+            f"{conv.redispatches} sweeps (CHORUS_MAX_REDISPATCHES="
+            f"{rt.settings.max_redispatches}); giving up"
         )
         log.warning("turn %s: %s", turn.id, error)
         return finish_turn(session, outbox, conv, turn, TurnStatus.FAILED, error=error) or []
@@ -160,6 +192,10 @@ class _Candidate:
     action: Action
 
 
+def _named(queues: Sequence[str]) -> str:
+    return ", ".join(f"queue {q!r}" for q in queues)
+
+
 def _candidate(rt: Runtime, conversation_id: str, now: datetime) -> _Candidate | None:
     stall = rt.settings.stall_timeout
     with rt.session() as session:
@@ -168,18 +204,20 @@ def _candidate(rt: Runtime, conversation_id: str, now: datetime) -> _Candidate |
             return None
         if _backed_off(conv, now, stall):
             return None
-        action = _position_action(session, conv, stall)
+        action = _position_action(session, conv, stall, now)
     if action is None:
         return None
     return _Candidate(conv.id, conv.version, conv.redispatches, action)
 
 
-def _redispatch(rt: Runtime, candidate: _Candidate, now: datetime) -> list[Action]:
+def _redispatch(rt: Runtime, candidate: _Candidate, unread: Sequence[str] = ()) -> list[Action]:
     """Re-send the position, or give up on it past ``max_redispatches``;
-    nothing if its cursor moved since it was read."""
+    nothing if its cursor moved since it was read. A position whose task
+    waits in ``unread`` queues is counted the same way but not re-sent:
+    ``queue.unread`` says where it waits."""
     if candidate.redispatches >= rt.settings.max_redispatches:
-        return _give_up(rt, candidate.conversation_id, candidate.version)
-    with rt.session() as session:
+        return _give_up(rt, candidate.conversation_id, candidate.version, unread)
+    with rt.transaction() as (session, outbox):
         # Restart the stall clock and count the re-dispatch; the version is
         # untouched, so a copy already running still matches the cursor.
         moved = session.execute(
@@ -189,9 +227,25 @@ def _redispatch(rt: Runtime, candidate: _Candidate, now: datetime) -> list[Actio
                 col(Conversation.version) == candidate.version,
                 col(Conversation.redispatches) == candidate.redispatches,
             )
-            .values(progress_at=now, redispatches=candidate.redispatches + 1)
+            .values(progress_at=db_now(), redispatches=candidate.redispatches + 1)
         )
         if moved.rowcount != 1:  # type: ignore[attr-defined]
+            return []
+        if unread:
+            conv = session.get(Conversation, candidate.conversation_id)
+            turn = session.get(Turn, conv.turn_id) if conv and conv.turn_id else None
+            assert conv is not None and turn is not None
+            log.warning("turn %s: waits in %s, which no worker reads", turn.id, _named(unread))
+            outbox.record(
+                EventName.QUEUE_UNREAD,
+                conv,
+                turn,
+                conv.cursor_step,
+                queues=list(unread),
+                segment=conv.cursor_segment,
+                sweeps=candidate.redispatches + 1,
+                limit=rt.settings.max_redispatches,
+            )
             return []
     log.info("re-dispatching %s (re-dispatch %d)", candidate.action, candidate.redispatches + 1)
     return [candidate.action]
@@ -227,19 +281,24 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
     drop phantom broker messages, and dequeue for idle conversations with
     waiting messages. Returns what to dispatch."""
     stall = rt.settings.stall_timeout
-    now = utcnow()
     with rt.session() as session:
-        stalled = session.exec(stalled_query(now, stall).limit(limit)).all()
+        now: datetime = session.execute(NOW).scalar_one()
+        stalled = session.exec(stalled_query(stall).limit(limit)).all()
     candidates = [c for cid in stalled if (c := _candidate(rt, cid, now)) is not None]
     # The broker is read after the database: a task sent after the state we
     # read (its sender commits, then sends) is already in a queue, or the
     # message of the task that sent it is still unacknowledged. The queues
     # are read only when something may need re-sending.
     broker = BrokerView.read(rt, sorted(set(QUEUES.values())) if candidates else ())
+    waiting = {c.conversation_id: _waiting_in(broker, c.action) for c in candidates}
+    readers = count_readers(rt, sorted({q for queues in waiting.values() for q in queues}))
     actions: list[Action] = []
     for candidate in candidates:
-        if not _in_flight(broker, candidate.action, stall):
-            actions.extend(_redispatch(rt, candidate, now))
+        unread = [q for q in waiting[candidate.conversation_id] if not readers[q]]
+        if unread:  # stuck, not late: counted, never re-sent
+            actions.extend(_redispatch(rt, candidate, unread))
+        elif not _in_flight(broker, candidate.action, stall):
+            actions.extend(_redispatch(rt, candidate))
     with rt.session() as session:
         dropped = broker.drop_stale(stall, lambda task: _done(session, task))
     if dropped:
@@ -250,7 +309,10 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
 
 def _finish_stops(rt: Runtime, limit: int) -> list[Action]:
     """Stop what should be stopping: marked jobs still running, and jobs
-    whose wall-time budget is spent."""
+    whose wall-time budget is spent (on the database's clock). Only those
+    are read, oldest first, so however many running jobs have a wall-time
+    budget, every one past it is reached."""
+    wall = col(Turn.budget)["wall_seconds"].as_float()
     with rt.session() as session:
         jobs = session.exec(
             select(Turn)
@@ -259,9 +321,10 @@ def _finish_stops(rt: Runtime, limit: int) -> list[Action]:
                 col(Turn.job_id) == col(Turn.id),
                 or_(
                     col(Turn.stop_status).is_not(None),
-                    col(Turn.budget)["wall_seconds"].as_float().is_not(None),
+                    and_(wall.is_not(None), shifted(table(Turn).c.started_at, wall) <= db_now()),
                 ),
             )
+            .order_by(col(Turn.started_at))
             .limit(limit)
         ).all()
     actions: list[Action] = []
@@ -270,7 +333,7 @@ def _finish_stops(rt: Runtime, limit: int) -> list[Action]:
             if job.stop_status is not None:
                 revoke, ended = resume_stop(rt, job.id)
                 actions += [*ended, Revoke(tuple(revoke))]
-            elif (left := wall_time_left(job)) is not None and left <= 0:
+            else:
                 actions += deadline(rt, job.id)
         except ChorusError:
             log.warning("could not stop job %s; the next sweep tries again", job.id, exc_info=True)
