@@ -13,7 +13,8 @@ credential keys below, at any depth. An inline spec names a model and how
 it samples, never where the call goes or as whom: its ``model_settings``
 keys must be in :data:`INLINE_SETTINGS`, an endpoint (``api_base``,
 ``base_url``) must be listed in ``CHORUS_MODEL_ENDPOINTS``, and its model
-string may not be a URL (:func:`check_inline`).
+string may not be a URL nor, without a listed endpoint, a provider whose
+default endpoint is on the worker's own host (:func:`check_inline`).
 """
 
 from __future__ import annotations
@@ -213,6 +214,26 @@ INLINE_SETTINGS = frozenset(
 #: one only when ``CHORUS_MODEL_ENDPOINTS`` lists it.
 ENDPOINT_SETTINGS = frozenset({"api_base", "base_url"})
 _API_VERSION = re.compile(r"[0-9A-Za-z._-]{1,40}")
+#: litellm providers whose default endpoint is a server on the worker's own
+#: host (``ollama/x`` posts to ``http://localhost:11434``, ``llamafile/x`` to
+#: ``http://127.0.0.1:8080/v1`` ...), or that start an interactive login
+#: (``github_copilot``). An inline model of one of them must name a listed
+#: endpoint: else a job would choose a request to the workers' loopback.
+LOCAL_PROVIDERS = frozenset(
+    {
+        "a2a",
+        "docker_model_runner",
+        "github_copilot",
+        "langflow",
+        "langgraph",
+        "lemonade",
+        "llamafile",
+        "ollama",
+        "ollama_chat",
+        "vllm",
+        "xinference",
+    }
+)
 
 
 def endpoint_listed(url: str, endpoints: list[str]) -> bool:
@@ -250,6 +271,13 @@ def check_inline(spec: AgentSpec, endpoints: list[str]) -> None:
     with :class:`SettingNotAllowedError` naming the field."""
     if "://" in spec.model or any(c.isspace() for c in spec.model):
         raise SettingNotAllowedError("model", "a model string may not hold an address")
+    provider = spec.model.split("/", 1)[0]
+    if provider in LOCAL_PROVIDERS and not ENDPOINT_SETTINGS & spec.model_settings.keys():
+        raise SettingNotAllowedError(
+            "model",
+            f"{provider!r} models default to a server on the workers' own host: "
+            "name its endpoint (listed in CHORUS_MODEL_ENDPOINTS) as api_base",
+        )
     for key, value in spec.model_settings.items():
         path = f"model_settings.{key}"
         if key in ENDPOINT_SETTINGS:
