@@ -28,7 +28,10 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import jsonschema
+import jsonschema_specifications
+import referencing.exceptions
 from jsonschema.exceptions import SchemaError
+from referencing.jsonschema import DRAFT202012
 
 from orchestrator import patterns
 from orchestrator.errors import InvalidRequestError, SecretInSettingsError, SettingNotAllowedError
@@ -164,6 +167,51 @@ def _check_schema(text: str) -> None:
         raise InvalidRequestError(
             f"output_schema{path}: not a valid JSON schema: {exc.message}", ["output_schema"]
         ) from None
+    _check_references(json.loads(text))
+
+
+#: Keywords whose values are data, not schemas (a ``$ref`` there is a value).
+_DATA_KEYWORDS = frozenset({"const", "enum", "examples", "default"})
+
+
+def _references(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, value) of every ``$ref`` and nested ``$id`` in a schema."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in ("$ref", "$id") and path:
+                yield f"{path}.{key}", item
+            elif key == "$ref":
+                yield key, item
+            if key not in _DATA_KEYWORDS:
+                yield from _references(item, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _references(item, f"{path}.{index}")
+
+
+def _check_references(schema: Any) -> None:
+    """Every ``$ref`` that is a JSON pointer or another document resolves:
+    one that does not failed the step at the first answer, after its model
+    call was paid. (An anchor, or a schema with a nested ``$id``, which
+    moves the base of what is below it, is left to the step.)"""
+    found = list(_references(schema, ""))
+    if any(path.endswith("$id") for path, _ in found):
+        return
+    resolver = jsonschema_specifications.REGISTRY.resolver_with_root(
+        DRAFT202012.create_resource(schema)
+    )
+    for path, ref in found:
+        if not isinstance(ref, str) or (
+            ref.startswith("#") and not ref.startswith("#/") and ref != "#"
+        ):
+            continue
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable as exc:
+            raise InvalidRequestError(
+                f"output_schema.{path}: {ref!r} does not resolve ({type(exc).__name__})",
+                ["output_schema"],
+            ) from None
 
 
 def check_spec(spec: AgentSpec) -> None:

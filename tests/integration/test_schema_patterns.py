@@ -76,6 +76,10 @@ def test_an_output_schema_that_is_not_a_schema_is_refused_at_submit(client: Clie
         (_schema("(unclosed"), "not a valid JSON schema"),
         ({"type": "object", "properties": {"v": {"minLength": -1}}}, "not a valid JSON schema"),
         (_schema("(?:(?:(?:(?:a{100}){100}){100}){100})"), "not a valid JSON schema"),
+        # a reference that cannot resolve failed the step at the first
+        # answer, after its model call was paid
+        ({"type": "object", "properties": {"v": {"$ref": "#/nope"}}}, "does not resolve"),
+        ({"type": "object", "properties": {"v": {"$ref": "http://127.0.0.1:1/s"}}}, "resolve"),
     ]:
         spec = AgentSpec(name="sec-bad-schema", model="scripted/quick", output_schema=schema)
         with pytest.raises(InvalidRequestError, match=message) as caught:
