@@ -319,6 +319,12 @@ def check_inline(spec: AgentSpec, endpoints: list[str]) -> None:
     with :class:`SettingNotAllowedError` naming the field."""
     if "://" in spec.model or any(c.isspace() for c in spec.model):
         raise SettingNotAllowedError("model", "a model string may not hold an address")
+    if any(c in spec.model for c in "?#%\\") or {".", ".."} & set(spec.model.split("/")):
+        # some providers put the model in the URL's path (Azure's deployments):
+        # "azure/../../../admin/x?y=" posted to /admin/x with the workers' key
+        raise SettingNotAllowedError(
+            "model", "a model string may not hold '?', '#', '%', '\\' or a '.'/'..' segment"
+        )
     provider = spec.model.split("/", 1)[0]
     if provider in LOCAL_PROVIDERS and not ENDPOINT_SETTINGS & spec.model_settings.keys():
         raise SettingNotAllowedError(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from orchestrator import Agent, Client, SettingNotAllowedError, Settings, UserError
+from orchestrator.specs import check_inline
 from schemas import AgentSpec
 from tests.loopback_llm import LoopbackLLM
 
@@ -147,3 +148,24 @@ def test_an_inline_model_of_a_local_provider_needs_a_listed_endpoint(
     finally:
         listed.close()
     assert [r.path for r in listener.received] == ["/v1/chat/completions"]
+
+
+def test_an_inline_model_string_cannot_walk_out_of_its_path(
+    strict: Client, workers: Any, listener: LoopbackLLM
+) -> None:
+    # The Azure path puts the model in the URL: "azure/../../../admin/x?y="
+    # posted to <AZURE_API_BASE>/admin/x with the workers' key ("#" cut the rest)
+    for model in (
+        "azure/../../../admin/x?y=",
+        "azure/a#b",
+        "azure/a%2f..%2fb",
+        "azure/a\\b",
+        "openai/./x",
+    ):
+        with pytest.raises(SettingNotAllowedError) as caught:
+            strict.submit(AgentSpec(name="sec-path", model=model), "hi")
+        assert caught.value.fields == ["model"], model
+    # ordinary model names pass (versions, colons, dots, slashes)
+    for model in ("scripted/quick", "bedrock/anthropic.claude-3-5-sonnet-20240620-v1:0"):
+        check_inline(AgentSpec(name="sec-path", model=model), [])
+    assert listener.received == []
