@@ -129,6 +129,37 @@ def redact_credentials(text: str) -> str:
     return text
 
 
+class StreamRedaction:
+    """:func:`redact_credentials` of a text that arrives in pieces (a
+    model's streamed deltas): each piece alone may hold part of a credential
+    and the next piece the rest, so the end of what was fed that could begin
+    a credential is held back until the next piece (or :meth:`end`) says
+    whether it does."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        """What of the text so far may be published now, redacted."""
+        text = redact_credentials(self._held + text)
+        cut = len(text)
+        for value in _credentials():
+            start = max(0, len(text) - len(value) + 1)
+            while (found := text.find(value[0], start, cut)) != -1:
+                if value.startswith(text[found:]):
+                    cut = found
+                    break
+                start = found + 1
+        self._held = text[cut:]
+        return text[:cut]
+
+    def end(self) -> str:
+        """The rest, at the end of the stream (no credential: a prefix of one
+        at most, as the stored text holds it)."""
+        held, self._held = self._held, ""
+        return held
+
+
 def redact(text: str) -> str:
     """Mask credentials in ``text``: by shape, then by value."""
     for pattern, replacement in _SECRETS:

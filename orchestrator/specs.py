@@ -13,7 +13,8 @@ credential keys below, at any depth. An inline spec names a model and how
 it samples, never where the call goes or as whom: its ``model_settings``
 keys must be in :data:`INLINE_SETTINGS`, an endpoint (``api_base``,
 ``base_url``) must be listed in ``CHORUS_MODEL_ENDPOINTS``, and its model
-string may not be a URL (:func:`check_inline`).
+string may not be a URL nor, without a listed endpoint, a provider whose
+default endpoint is on the worker's own host (:func:`check_inline`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import jsonschema
+import jsonschema_specifications
+import referencing.exceptions
 from jsonschema.exceptions import SchemaError
+from referencing.jsonschema import DRAFT202012
 
 from orchestrator import patterns
 from orchestrator.errors import InvalidRequestError, SecretInSettingsError, SettingNotAllowedError
@@ -163,6 +167,51 @@ def _check_schema(text: str) -> None:
         raise InvalidRequestError(
             f"output_schema{path}: not a valid JSON schema: {exc.message}", ["output_schema"]
         ) from None
+    _check_references(json.loads(text))
+
+
+#: Keywords whose values are data, not schemas (a ``$ref`` there is a value).
+_DATA_KEYWORDS = frozenset({"const", "enum", "examples", "default"})
+
+
+def _references(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, value) of every ``$ref`` and nested ``$id`` in a schema."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in ("$ref", "$id") and path:
+                yield f"{path}.{key}", item
+            elif key == "$ref":
+                yield key, item
+            if key not in _DATA_KEYWORDS:
+                yield from _references(item, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _references(item, f"{path}.{index}")
+
+
+def _check_references(schema: Any) -> None:
+    """Every ``$ref`` that is a JSON pointer or another document resolves:
+    one that does not failed the step at the first answer, after its model
+    call was paid. (An anchor, or a schema with a nested ``$id``, which
+    moves the base of what is below it, is left to the step.)"""
+    found = list(_references(schema, ""))
+    if any(path.endswith("$id") for path, _ in found):
+        return
+    resolver = jsonschema_specifications.REGISTRY.resolver_with_root(
+        DRAFT202012.create_resource(schema)
+    )
+    for path, ref in found:
+        if not isinstance(ref, str) or (
+            ref.startswith("#") and not ref.startswith("#/") and ref != "#"
+        ):
+            continue
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable as exc:
+            raise InvalidRequestError(
+                f"output_schema.{path}: {ref!r} does not resolve ({type(exc).__name__})",
+                ["output_schema"],
+            ) from None
 
 
 def check_spec(spec: AgentSpec) -> None:
@@ -213,6 +262,26 @@ INLINE_SETTINGS = frozenset(
 #: one only when ``CHORUS_MODEL_ENDPOINTS`` lists it.
 ENDPOINT_SETTINGS = frozenset({"api_base", "base_url"})
 _API_VERSION = re.compile(r"[0-9A-Za-z._-]{1,40}")
+#: litellm providers whose default endpoint is a server on the worker's own
+#: host (``ollama/x`` posts to ``http://localhost:11434``, ``llamafile/x`` to
+#: ``http://127.0.0.1:8080/v1`` ...), or that start an interactive login
+#: (``github_copilot``). An inline model of one of them must name a listed
+#: endpoint: else a job would choose a request to the workers' loopback.
+LOCAL_PROVIDERS = frozenset(
+    {
+        "a2a",
+        "docker_model_runner",
+        "github_copilot",
+        "langflow",
+        "langgraph",
+        "lemonade",
+        "llamafile",
+        "ollama",
+        "ollama_chat",
+        "vllm",
+        "xinference",
+    }
+)
 
 
 def endpoint_listed(url: str, endpoints: list[str]) -> bool:
@@ -250,6 +319,19 @@ def check_inline(spec: AgentSpec, endpoints: list[str]) -> None:
     with :class:`SettingNotAllowedError` naming the field."""
     if "://" in spec.model or any(c.isspace() for c in spec.model):
         raise SettingNotAllowedError("model", "a model string may not hold an address")
+    if any(c in spec.model for c in "?#%\\") or {".", ".."} & set(spec.model.split("/")):
+        # some providers put the model in the URL's path (Azure's deployments):
+        # "azure/../../../admin/x?y=" posted to /admin/x with the workers' key
+        raise SettingNotAllowedError(
+            "model", "a model string may not hold '?', '#', '%', '\\' or a '.'/'..' segment"
+        )
+    provider = spec.model.split("/", 1)[0]
+    if provider in LOCAL_PROVIDERS and not ENDPOINT_SETTINGS & spec.model_settings.keys():
+        raise SettingNotAllowedError(
+            "model",
+            f"{provider!r} models default to a server on the workers' own host: "
+            "name its endpoint (listed in CHORUS_MODEL_ENDPOINTS) as api_base",
+        )
     for key, value in spec.model_settings.items():
         path = f"model_settings.{key}"
         if key in ENDPOINT_SETTINGS:

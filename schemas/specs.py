@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from schemas.content import Frozen
 
@@ -89,6 +89,10 @@ class Budget(Frozen):
     without tools; any other exceeded limit ends the job (``budget.exceeded``).
     """
 
+    # an instance a caller built with model_copy(update=...) or model_construct
+    # skipped validation: a job stored it and every step (and send()) failed on it
+    model_config = ConfigDict(frozen=True, extra="forbid", revalidate_instances="always")
+
     cost_usd: float | None = Field(default=None, gt=0)
     tokens: int | None = Field(default=None, gt=0, description="input + output tokens")
     steps: int | None = Field(default=None, gt=0, description="model calls")
@@ -106,6 +110,10 @@ class AgentSpec(Frozen):
     job supplies inline (not a registered agent) may only say how the model
     samples, never where the call goes: ``orchestrator.specs.check_inline``.
     """
+
+    # an instance a caller built with model_copy(update=...) or model_construct
+    # skipped validation: a job stored it and every step (and send()) failed on it
+    model_config = ConfigDict(frozen=True, extra="forbid", revalidate_instances="always")
 
     name: str = Field(pattern=NAME_PATTERN)
     model: str = Field(min_length=1)

@@ -10,6 +10,10 @@ again, at most ``output_retries`` times.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from functools import cache
 from typing import Any
 
 import jsonschema
@@ -19,6 +23,35 @@ from orchestrator.patterns import limited
 from schemas import AgentSpec, ToolCallBlock, ToolSpec
 
 FINAL_ANSWER = "final_answer"
+#: CPU seconds one validation of an answer may take. A schema a job supplies
+#: can make it exponential without a pattern: nine ``$defs`` each applying
+#: the next ten times (``allOf``) took 10**9 keyword checks for one string.
+VALIDATION_SECONDS = 1.0
+
+
+_deadline: ContextVar[float] = ContextVar("chorus_validation_deadline", default=float("inf"))
+
+
+class ValidationTimeoutError(Exception):
+    """Validating an answer took longer than :data:`VALIDATION_SECONDS`."""
+
+
+def _timed(check: Callable[..., Any]) -> Callable[..., Iterator[Any]]:
+    def timed(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        if time.thread_time() > _deadline.get():
+            raise ValidationTimeoutError
+        return check(validator, value, instance, schema) or iter(())
+
+    return timed
+
+
+@cache
+def _validator_class() -> Any:
+    """Draft 2020-12 whose every keyword first checks the validation's deadline."""
+    base = jsonschema.Draft202012Validator
+    return jsonschema.validators.extend(
+        base, {name: _timed(check) for name, check in base.VALIDATORS.items()}
+    )
 
 
 def final_answer_tool(spec: AgentSpec) -> ToolSpec | None:
@@ -41,14 +74,20 @@ def final_call(spec: AgentSpec, calls: list[ToolCallBlock]) -> ToolCallBlock | N
 
 def problems(spec: AgentSpec, params: dict[str, Any]) -> list[str]:
     """What is wrong with ``params`` for the output schema (empty: valid).
-    Its patterns are matched within :data:`~orchestrator.patterns.PATTERN_SECONDS`."""
+    Its patterns are matched within :data:`~orchestrator.patterns.PATTERN_SECONDS`,
+    the whole validation within :data:`VALIDATION_SECONDS` of CPU."""
     assert spec.output_schema is not None
-    validator = jsonschema.Draft202012Validator(spec.output_schema)
+    validator = _validator_class()(spec.output_schema)
+    token = _deadline.set(time.thread_time() + VALIDATION_SECONDS)
     try:
         with limited():
             errors = list(validator.iter_errors(params))
     except PatternTimeoutError as exc:
         return [f"(answer): {exc}"]
+    except ValidationTimeoutError:
+        return [f"(answer): validating it took longer than {VALIDATION_SECONDS} s; refused"]
+    finally:
+        _deadline.reset(token)
     return [
         f"{'.'.join(str(p) for p in error.absolute_path) or '(answer)'}: {error.message}"
         for error in sorted(errors, key=lambda e: list(e.path))

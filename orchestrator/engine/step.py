@@ -8,6 +8,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -55,7 +56,7 @@ from orchestrator.engine.subagents import subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import ConversationIds, DeltaBatcher, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
-from orchestrator.logs import bind, redact
+from orchestrator.logs import StreamRedaction, bind, redact
 from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
@@ -221,6 +222,30 @@ def _give_up_lease(
         log.warning("could not release the lease of %s", ids[0], exc_info=True)
 
 
+class _RedactedDeltas:
+    """A :class:`DeltaBatcher` whose text is redacted across pieces: a
+    credential split between two deltas is held back until it is whole, and
+    masked (each delta redacted alone let a follower join the halves)."""
+
+    def __init__(self, publish: Callable[[str], None]) -> None:
+        self._publish = publish
+        self._redaction = StreamRedaction()
+        self._batcher = DeltaBatcher(self._redacted)
+
+    def _redacted(self, text: str) -> None:
+        if shown := self._redaction.feed(text):
+            self._publish(shown)
+
+    def add(self, text: str) -> None:
+        self._batcher.add(text)
+
+    def flush(self) -> None:
+        """Publish the rest: the end of the stream."""
+        self._batcher.flush()
+        if rest := self._redaction.end():
+            self._publish(rest)
+
+
 def _run_step(
     rt: Runtime,
     conversation_id: str,
@@ -288,7 +313,7 @@ def _run_step(
             )
         )
 
-    deltas = DeltaBatcher(publish_delta)  # a few live events a second, not one per chunk
+    deltas = _RedactedDeltas(publish_delta)  # a few live events a second, not one per chunk
     started = time.monotonic()
     try:
         # The heartbeat keeps the lease alive for the whole call (and a

@@ -260,3 +260,31 @@ def test_an_argument_that_is_not_utf8_is_a_one_line_error(settings: Settings) ->
     assert out.returncode == 2, out.stdout + out.stderr
     assert "job_id: contains a lone surrogate" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_spec_or_budget_built_without_validation_is_refused_naming_the_field(
+    client: Client,
+) -> None:
+    # model_copy(update=...) and model_construct skip validation: submit
+    # raised a raw TypeError or AttributeError, or stored the spec, and then
+    # every step of the conversation (and send() to it) failed validating it
+    from schemas import AgentSpec, Budget
+
+    spec = AgentSpec(name="hostile-copy", model="scripted/quick")
+    for agent, field in [
+        (spec.model_copy(update={"model": 123}), "agent.AgentSpec.model"),
+        (spec.model_copy(update={"model_settings": "x"}), "agent.AgentSpec.model_settings"),
+        (spec.model_copy(update={"tools": (1,)}), "agent.AgentSpec.tools.0"),
+        (spec.model_copy(update={"max_steps": 2**80}), "agent.AgentSpec.max_steps"),
+        (AgentSpec.model_construct(name="hostile-copy"), "agent.AgentSpec.model"),
+    ]:
+        with pytest.raises(InvalidRequestError) as caught:
+            client.submit(agent, "hi")
+        assert field in caught.value.fields
+    budget = Budget(tokens=5).model_copy(update={"tokens": -5})
+    with pytest.raises(InvalidRequestError) as caught:
+        client.submit("quick", "hi", budget=budget)
+    assert caught.value.fields == ["budget.tokens"]
+    with pytest.raises(InvalidRequestError) as caught:
+        client.send("c1", "hi", budget=budget)
+    assert caught.value.fields == ["budget.tokens"]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from orchestrator import Agent, Client, SettingNotAllowedError, Settings, UserError
+from orchestrator.specs import check_inline
 from schemas import AgentSpec
 from tests.loopback_llm import LoopbackLLM
 
@@ -124,3 +125,47 @@ def test_a_registered_agent_may_name_any_endpoint(
     listener.enqueue_text("again")
     assert strict.submit(declared, "hi").result(timeout=60) == "again"
     assert len(listener.received) == 2
+
+
+def test_an_inline_model_of_a_local_provider_needs_a_listed_endpoint(
+    settings: Settings, strict: Client, workers: Any, listener: LoopbackLLM
+) -> None:
+    # ollama/x posted to localhost:11434 and llamafile/x to 127.0.0.1:8080
+    # from the worker, and the body that answered came back in the job's error
+    for model in ("ollama/x", "ollama_chat/x", "llamafile/x", "lemonade/x", "xinference/x"):
+        with pytest.raises(SettingNotAllowedError) as caught:
+            strict.submit(AgentSpec(name="sec-local", model=model), "hi")
+        assert caught.value.fields == ["model"], model
+    # With a listed endpoint the operator chose, the model is the job's choice
+    listed = Client(settings.model_copy(update={"model_endpoints": [listener.base_url]}))
+    try:
+        spec = AgentSpec(
+            name="sec-local",
+            model="llamafile/loopback-model",
+            model_settings={"api_base": listener.base_url},
+        )
+        assert listed.submit(spec, "hi").result(timeout=60) == "ok"
+    finally:
+        listed.close()
+    assert [r.path for r in listener.received] == ["/v1/chat/completions"]
+
+
+def test_an_inline_model_string_cannot_walk_out_of_its_path(
+    strict: Client, workers: Any, listener: LoopbackLLM
+) -> None:
+    # The Azure path puts the model in the URL: "azure/../../../admin/x?y="
+    # posted to <AZURE_API_BASE>/admin/x with the workers' key ("#" cut the rest)
+    for model in (
+        "azure/../../../admin/x?y=",
+        "azure/a#b",
+        "azure/a%2f..%2fb",
+        "azure/a\\b",
+        "openai/./x",
+    ):
+        with pytest.raises(SettingNotAllowedError) as caught:
+            strict.submit(AgentSpec(name="sec-path", model=model), "hi")
+        assert caught.value.fields == ["model"], model
+    # ordinary model names pass (versions, colons, dots, slashes)
+    for model in ("scripted/quick", "bedrock/anthropic.claude-3-5-sonnet-20240620-v1:0"):
+        check_inline(AgentSpec(name="sec-path", model=model), [])
+    assert listener.received == []

@@ -79,3 +79,30 @@ def test_credentials_reach_no_event_row_error_prompt_or_log(
     [refused] = [e for e in events if e.name is EventName.LLM_FAILED]
     assert refused.data["status"] == 401 and "Invalid API Key: ***" in refused.data["body"]
     assert "401" in status
+
+
+def test_a_key_split_across_streamed_deltas_never_reaches_the_live_stream(
+    client: Client, workers: dict[str, WorkerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a model that streams the workers' key in pieces of four
+    # characters, each piece its own live event (each delta was redacted
+    # alone, so none held the whole key and a follower joined them)
+    import tests.loopback_llm as loopback
+
+    monkeypatch.setattr(
+        loopback, "_pieces", lambda text: [text[i : i + 4] for i in range(0, len(text), 4)]
+    )
+    with LoopbackLLM() as server:
+        server.enqueue_text(f"the key is {PROVIDER_KEY} and that is all", chunk_delay=0.25)
+        agent = AgentSpec(
+            name="leaky-stream",
+            model="groq/loopback-model",
+            model_settings={"api_base": server.base_url},
+        )
+        job = client.submit(agent, "go")
+        events = list(job.events(timeout=60))
+    deltas = [e.data["text"] for e in events if e.name is EventName.ASSISTANT_DELTA]
+    # Then followers saw the text in several deltas, the key masked
+    assert len(deltas) > 3
+    assert "".join(deltas) == "the key is *** and that is all"
+    assert job.result(timeout=5) == "the key is *** and that is all"

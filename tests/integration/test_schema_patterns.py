@@ -76,8 +76,45 @@ def test_an_output_schema_that_is_not_a_schema_is_refused_at_submit(client: Clie
         (_schema("(unclosed"), "not a valid JSON schema"),
         ({"type": "object", "properties": {"v": {"minLength": -1}}}, "not a valid JSON schema"),
         (_schema("(?:(?:(?:(?:a{100}){100}){100}){100})"), "not a valid JSON schema"),
+        # a reference that cannot resolve failed the step at the first
+        # answer, after its model call was paid
+        ({"type": "object", "properties": {"v": {"$ref": "#/nope"}}}, "does not resolve"),
+        ({"type": "object", "properties": {"v": {"$ref": "http://127.0.0.1:1/s"}}}, "resolve"),
     ]:
         spec = AgentSpec(name="sec-bad-schema", model="scripted/quick", output_schema=schema)
         with pytest.raises(InvalidRequestError, match=message) as caught:
             client.submit(spec, "hi")
         assert caught.value.fields == ["output_schema"]
+
+
+def test_an_output_schema_whose_references_multiply_gets_an_error_result(
+    client: Client, workers: Any
+) -> None:
+    # Given a schema of nine levels, each applying the next ten times: a value
+    # under it took 10**9 keyword checks, a step thread and a core for hours
+    depth = 9
+    defs: dict[str, Any] = {
+        f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 10} for i in range(depth)
+    }
+    defs[f"d{depth}"] = {"type": "string"}
+    schema = {"$defs": defs, "type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}}
+    with LoopbackLLM() as answerer:
+        answerer.enqueue_tool_calls([("final_answer", {"a": "x"})])
+        answerer.enqueue_tool_calls([("final_answer", {"b": 1})])
+        spec = AgentSpec(
+            name="sec-multiplied",
+            model=MODEL,
+            output_schema=schema,
+            model_settings={"api_base": answerer.base_url},
+        )
+        job = client.submit(spec, "answer")
+        # Then the first answer gets an error result at once, the next one ends the turn
+        assert job.result(timeout=60) == '{"b": 1}'
+        refused = next(
+            b
+            for m in client.history(job.conversation_id)
+            for b in m.content
+            if isinstance(b, ToolResultBlock) and b.tool == "final_answer"
+        )
+        assert refused.is_error
+        assert "took longer" in str(refused.result)

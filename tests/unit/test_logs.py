@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from orchestrator.logs import (
+    StreamRedaction,
     bind,
     credential_values,
     log_context,
@@ -49,6 +50,22 @@ def test_redact_masks_the_values_of_held_credentials(monkeypatch: pytest.MonkeyP
     text = "echo Qv7Lw2Tz9Rb4, token Zx81Yw72Vu63, password Pw55Word99"
     for masked in (redact(text), redact_credentials(text), storable_text(text)):
         assert masked == "echo ***, token ***, password ***"
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 100])
+def test_a_credential_streamed_in_pieces_is_masked_whatever_the_cut(
+    monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    monkeypatch.setenv("CHORUS_TEST_PROVIDER_API_KEY", "Qv7Lw2Tz9Rb4")
+    text = "key Qv7Lw2Tz9Rb4, almost Qv7Lw2Tz9 and Qv7 Qv7Lw2Tz9Rb4"
+    redaction = StreamRedaction()
+    shown = [redaction.feed(text[i : i + size]) for i in range(0, len(text), size)]
+    shown.append(redaction.end())
+    assert "".join(shown) == "key ***, almost Qv7Lw2Tz9 and Qv7 ***"
+    assert not any("Qv7Lw2Tz9Rb4" in "".join(shown[:i]) for i in range(len(shown) + 1))
+    # a piece that could begin the key waits for the next; other text goes out at once
+    assert StreamRedaction().feed("plain text") == "plain text"
+    assert StreamRedaction().feed("so Qv7Lw") == "so "
 
 
 def test_credentials_are_named_like_one_and_look_like_one() -> None:
