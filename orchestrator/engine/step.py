@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -291,7 +292,7 @@ def _run_step(
         if wait > 0:
             with rt.autocommit() as connection:
                 return [_defer(connection, conv, wait, owner)]
-        _announce(rt, admitted)
+        announcement = _Announcement(rt, admitted)
     correlation_id = turn.correlation_id
     root_id = conv.root_id
     context_data = turn.context_data
@@ -300,6 +301,7 @@ def _run_step(
         return [*actions, Revoke(tuple(revoke))]
 
     def publish_delta(text: str) -> None:
+        announcement.wait()  # llm.requested first
         rt.publish_live(
             Event(
                 name=EventName.ASSISTANT_DELTA,
@@ -335,8 +337,10 @@ def _run_step(
                 should_stop=cancel_watch(rt, correlation_id),
             )
     except ModelError as exc:
+        announcement.wait()
         return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
     answered.append(reply)
+    announcement.wait()
     deltas.flush()  # the rest of the text, before the reply's own events
     record_output(
         rt.redis,
@@ -408,15 +412,41 @@ def _admit(
     return wait
 
 
-def _announce(rt: Runtime, admitted: Outbox) -> None:
-    """Store and publish ``llm.requested`` (if the call was admitted) as
-    the call is sent, in its own commit: every follower sees the call start
-    before its text streams, the event carrying the number it is stored
-    with (a number is its transaction's, known only once it is stored)."""
-    if admitted.pending:
-        with rt.autocommit() as connection:
-            admitted.flush(connection)
-        rt.publish(admitted)
+class _Announcement:
+    """``llm.requested`` (if the call was admitted), stored in its own commit
+    and published beside the model call, on a thread of its own: the commit
+    costs the call no latency. Every follower still sees the call start
+    before its text (the first delta waits for it, :meth:`wait`), and the
+    event carries the number it is stored with (a number is its
+    transaction's, known only once it is stored). Whatever the step does
+    next waits for it too, so the request's number precedes the reply's."""
+
+    def __init__(self, rt: Runtime, admitted: Outbox) -> None:
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if admitted.pending:
+            self._thread = threading.Thread(
+                target=self._store, args=(rt, admitted), name="chorus-announce", daemon=True
+            )
+            self._thread.start()
+
+    def _store(self, rt: Runtime, admitted: Outbox) -> None:
+        try:
+            with rt.autocommit() as connection:
+                admitted.flush(connection)
+            rt.publish(admitted)
+        except BaseException as exc:  # raised in the step's thread, by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        """Return once the event is stored and published; raise what storing
+        it raised."""
+        if self._thread is None:
+            return
+        self._thread.join()
+        self._thread = None
+        if self._error is not None:
+            raise self._error
 
 
 def _defer_owned(
