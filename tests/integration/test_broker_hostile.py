@@ -17,6 +17,7 @@ from orchestrator.engine.sweep import sweep
 from tests.conftest import WorkerProcess
 from tests.faults import isolated_settings
 from tests.fleet import running_beat
+from tests.integration.test_broker_faults import _envelope
 from tests.services import Services
 
 pytestmark = pytest.mark.integration
@@ -93,6 +94,47 @@ def test_a_worker_goes_on_past_malformed_unacked_entries_and_keys_of_the_wrong_t
             assert worker.proc.poll() is None
             aside = sorted(k.decode() for k in broker.scan_iter(f"{prefix}:*:wrongtype:*"))
             assert len(aside) == 3, aside
+        finally:
+            worker.stop()
+            client.close()
+    log = worker.log_path.read_text(errors="replace")
+    assert "Unrecoverable error" not in log
+
+
+def _task(task: str, body: str = "W1tdLCB7fSwge31d", **headers: object) -> bytes:
+    """A Celery protocol 2 message of ``task`` with its id and ``headers``."""
+    return _envelope({"task": task, "id": f"crafted-{task}", **headers}, body=body)
+
+
+#: Envelopes that look like Chorus's tasks, each wrong in one field.
+ODD_TASKS = [
+    _task("chorus.step", body="!!! not base64"),
+    _task("chorus.step", body="e30="),  # {}: not [args, kwargs, embed]
+    _task("chorus.advance", eta="not a date"),
+    _task("chorus.tool", expires="not a date"),
+    _task("chorus.tool", timelimit=["a", "b"]),
+    _task("chorus.dequeue", retries="many"),
+    _task("chorus.sweep", argsrepr=None, kwargsrepr=[1]),
+    _task("chorus.step", priority="high"),
+]
+
+
+@pytest.mark.timeout(180)
+def test_messages_of_chorus_tasks_wrong_in_one_field_cost_no_worker(
+    services: Services, tmp_path: Path
+) -> None:
+    with isolated_settings(services, tmp_path) as settings:
+        client = Client(settings)
+        worker = WorkerProcess(settings, "all", "-Q", "llm,control,tools", "-P", "threads")
+        try:
+            worker.wait_ready(client, 120)
+            broker = redis.Redis.from_url(settings.redis_url or "")
+            for i, raw in enumerate(ODD_TASKS):
+                queue = ("control", "llm", "tools")[i % 3]
+                broker.lpush(f"{settings.redis_prefix}:{queue}", raw)
+            time.sleep(5)
+            assert client.submit("fleet-batch", "2 0.1").result(timeout=60) == "slept 2"
+            assert worker.proc.poll() is None
         finally:
             worker.stop()
             client.close()
