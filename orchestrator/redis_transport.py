@@ -184,8 +184,9 @@ class Channel(redis.Channel):
             except redis_py.ResponseError:  # gone meanwhile
                 continue
             log.error("broker key %s held a %s, not a %s: moved to %s", key, found, expected, aside)
-            client.incr(dropped_messages(self.global_keyprefix.removesuffix(":")))
             moved += 1
+        for _ in range(moved):
+            self._count()
         return moved
 
     def _drop(self, exc: Exception) -> None:
@@ -196,10 +197,14 @@ class Channel(redis.Channel):
             f" (message starts {excerpt[:200]!r})" if isinstance(excerpt, str) else "",
             exc_info=exc,
         )
+        self._count()
+
+    def _count(self) -> None:
+        """Count one more dropped message (or key moved aside)."""
         key = dropped_messages(self.global_keyprefix.removesuffix(":"))
         try:
             redis_py.Redis(connection_pool=self.pool).incr(key)
-        except redis_py.RedisError:
+        except redis_py.RedisError:  # the counter itself may be of the wrong type
             log.warning("could not count the dropped message in %s", key, exc_info=True)
 
 

@@ -14,6 +14,8 @@ from orchestrator import Client
 from orchestrator.celery_conf import QUEUES
 from orchestrator.engine.broker import BrokerView
 from orchestrator.engine.sweep import sweep
+from orchestrator.keys import dropped_messages
+from orchestrator.metrics import ChorusCollector
 from tests.conftest import WorkerProcess
 from tests.faults import isolated_settings
 from tests.fleet import running_beat
@@ -78,10 +80,15 @@ def test_a_worker_goes_on_past_malformed_unacked_entries_and_keys_of_the_wrong_t
                 broker.hset(unacked, f"bad-{i}", raw)
                 broker.zadd(f"{unacked}_index", {f"bad-{i}": time.time() - 3600})
             broker.hset(f"{prefix}:tools\x06\x163", "not", "a list")
+            broker.set(dropped_messages(prefix), "not a counter")
             time.sleep(25)  # two restore cycles
             # Then it still runs jobs
             assert client.submit("fleet-batch", "2 0.1").result(timeout=60) == "slept 2"
             assert worker.proc.poll() is None
+            # and the metrics exporter still reports (without the counter)
+            families = {f.name for f in ChorusCollector(client.runtime).collect()}
+            assert "chorus_broker_messages_dropped" not in families
+            broker.delete(dropped_messages(prefix))
             # and when the unacked hash and its index are strings
             broker.delete(unacked, f"{unacked}_index")
             broker.set(unacked, "not a hash")
