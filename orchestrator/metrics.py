@@ -126,9 +126,9 @@ class ChorusCollector(Collector):
     def _dropped_messages(self) -> int | None:
         try:
             value = self.rt.redis.get(dropped_messages(self.rt.settings.redis_prefix))
-        except redis.RedisError:
+            return int(value or 0)
+        except (redis.RedisError, ValueError):  # not a counter: report none
             return None
-        return int(value or 0)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:

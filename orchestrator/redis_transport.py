@@ -14,7 +14,9 @@ that survives its broker.
   the tasks still running (:meth:`QoS.restore_unacked`).
 * A message popped from a queue that cannot be decoded or delivered is
   logged, counted and dropped (it killed the worker:
-  :meth:`Channel._brpop_read`).
+  :meth:`Channel._brpop_read`); a key of the wrong type where the channel
+  reads or writes a list, a hash or a sorted set is moved aside (it killed
+  every worker of the queue, again after each restart).
 
 Everything else is kombu's transport as it is. Used for ``redis://`` brokers
 (:func:`orchestrator.celery_conf.celery_config`).
@@ -23,6 +25,7 @@ Everything else is kombu's transport as it is. Used for ``redis://`` brokers
 from __future__ import annotations
 
 import logging
+import time
 from queue import Empty
 from typing import Any
 
@@ -134,6 +137,10 @@ class Channel(redis.Channel):
         last = next(reversed(delivered), None)
         try:
             return super()._brpop_read(**options)
+        except redis_py.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc) or not self._move_aside():
+                raise
+            raise Empty() from exc
         except BROKER_ERRORS:
             raise
         except Exception as exc:
@@ -143,6 +150,45 @@ class Channel(redis.Channel):
             self._drop(exc)
             raise Empty() from exc  # as kombu does with a fanout message it cannot decode
 
+    #: The type of each key of the channel's (besides its queue lists).
+    _KEY_TYPES = {
+        redis.Channel.unacked_key: "hash",
+        redis.Channel.unacked_index_key: "zset",
+    }
+
+    def _move_aside(self) -> int:
+        """Rename each key of the channel that holds the wrong type (a
+        WRONGTYPE reply to BRPOP, or to delivering a message, which writes
+        the unacked hash and index) to ``<key>:wrongtype:<time>``, logged
+        and counted like a dropped message: left there it failed every
+        BRPOP of every worker reading the queue, and kombu ended each one
+        ("Unrecoverable error"). A message popped when delivering it failed
+        is lost with the error (the sweeper re-sends its work). Returns how
+        many keys were moved."""
+        keys = {
+            f"{self.global_keyprefix}{self._q_for_pri(queue, step)}": "list"
+            for queue in self.active_queues
+            for step in self.priority_steps
+        }
+        keys.update({f"{self.global_keyprefix}{k}": t for k, t in self._KEY_TYPES.items()})
+        client = redis_py.Redis(connection_pool=self.pool)
+        moved = 0
+        for key, expected in keys.items():
+            found = client.type(key)
+            found = found.decode() if isinstance(found, bytes) else found
+            if found in (expected, "none"):
+                continue
+            aside = f"{key}:wrongtype:{time.time():.6f}"
+            try:
+                client.rename(key, aside)
+            except redis_py.ResponseError:  # gone meanwhile
+                continue
+            log.error("broker key %s held a %s, not a %s: moved to %s", key, found, expected, aside)
+            moved += 1
+        for _ in range(moved):
+            self._count()
+        return moved
+
     def _drop(self, exc: Exception) -> None:
         excerpt = getattr(exc, "doc", None)  # the text, if it was not JSON
         log.error(
@@ -151,10 +197,14 @@ class Channel(redis.Channel):
             f" (message starts {excerpt[:200]!r})" if isinstance(excerpt, str) else "",
             exc_info=exc,
         )
+        self._count()
+
+    def _count(self) -> None:
+        """Count one more dropped message (or key moved aside)."""
         key = dropped_messages(self.global_keyprefix.removesuffix(":"))
         try:
             redis_py.Redis(connection_pool=self.pool).incr(key)
-        except redis_py.RedisError:
+        except redis_py.RedisError:  # the counter itself may be of the wrong type
             log.warning("could not count the dropped message in %s", key, exc_info=True)
 
 

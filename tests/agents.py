@@ -346,6 +346,44 @@ def crash_process(ctx: ToolContext) -> str:
 register_script("crasher", [Reply.call(call("crash_process"), call("add", a=2, b=3)), echo_results])
 Agent("crasher", scripted_model("crasher"), tools=[crash_process, add])
 
+
+@tool
+def crash_twice(ctx: ToolContext) -> str:
+    """Note the run (and the key it got) in ``context_data["runs"]``;
+    SIGKILL its own process on the first two runs, answer on the third."""
+    path = ctx.context_data["runs"]
+    with open(path, "a") as f:
+        f.write(f"{ctx.tool_request_id}\n")
+    with open(path) as f:
+        runs = len(f.read().split())
+    if runs <= 2:
+        os.kill(os.getpid(), 9)
+    return f"ran {runs} times"
+
+
+register_script("sometimes-crasher", [Reply.call(call("crash_twice")), echo_results])
+Agent("sometimes-crasher", scripted_model("sometimes-crasher"), tools=[crash_twice])
+# a subagent whose tool kills its process every time, beside a sibling tool
+register_script(
+    "crash-lead",
+    [Reply.call(call("subagent__crasher", task="go"), call("add", a=1, b=1)), echo_results],
+)
+Agent("crash-lead", scripted_model("crash-lead"), tools=[add], subagents=["crasher"])
+
+
+@tool(queue="crash-threads", timeout=2.0)
+def crash_worker(ctx: ToolContext) -> str:
+    """Note the run in ``context_data["runs"]``, then SIGKILL its process
+    (served by a threads worker: the whole worker)."""
+    with open(ctx.context_data["runs"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    os.kill(os.getpid(), 9)
+    return "unreachable"
+
+
+register_script("worker-crasher", [Reply.call(call("crash_worker")), echo_results])
+Agent("worker-crasher", scripted_model("worker-crasher"), tools=[crash_worker])
+
 register_script(
     "same-ids",  # a provider that numbers its calls per reply: ids repeat
     [

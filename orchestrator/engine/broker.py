@@ -7,6 +7,11 @@ delivered but not yet acknowledged in the ``<prefix>unacked`` hash, with
 its delivery time in the ``<prefix>unacked_index`` sorted set. The prefix
 is the ``global_keyprefix`` of :func:`orchestrator.celery_conf.celery_config`.
 A task's id is in its message's headers (Celery protocol 2).
+
+Anything in those keys may be malformed (a corrupted write, or anyone with
+access to Redis): bytes that are not UTF-8 or not JSON, JSON of another
+shape, a key of another type. The view skips what it cannot read, so
+that one bad entry never stops the sweeper.
 """
 
 from __future__ import annotations
@@ -43,17 +48,33 @@ class Delivered:
 
 
 def _headers(raw: Any) -> dict[str, Any]:
+    """A message's headers; {} if it has none that can be read."""
     try:
         message = json.loads(raw) if isinstance(raw, str | bytes) else raw
         headers = message.get("headers") or {}
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return {}
     return headers if isinstance(headers, dict) else {}
 
 
+def _unacked_message(value: bytes) -> Any:
+    """The message of an unacked hash value (kombu stores ``[message,
+    exchange, routing key]`` as JSON); None if the value is not that."""
+    try:
+        stored = json.loads(value)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    return stored[0] if isinstance(stored, list) and stored else None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
 @cache
 def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=True)
+    # bytes, decoded here: a value that is not UTF-8 must not fail the read
+    return redis.Redis.from_url(url)
 
 
 def _eta(headers: dict[str, Any]) -> float:
@@ -73,7 +94,7 @@ def broker_client(rt: Runtime) -> redis.Redis | None:
     url = rt.settings.broker_url or rt.settings.redis_url
     if url is None or not url.startswith(("redis://", "rediss://", "unix://")):
         return None
-    return rt.redis if url == rt.settings.redis_url else _client(url)
+    return _client(url)
 
 
 @dataclass
@@ -85,6 +106,8 @@ class BrokerView:
     prefix: str
     queued: set[str] = field(default_factory=set)
     delivered: list[Delivered] = field(default_factory=list)
+    #: (tag, delivery time) of unacked entries that are not a message
+    malformed: list[tuple[bytes, float]] = field(default_factory=list)
     _latest: dict[str, float] = field(default_factory=dict)  # task id -> last delivery
     _scanned: set[str] = field(default_factory=set)
 
@@ -102,22 +125,28 @@ class BrokerView:
     def _key(self, name: str) -> str:
         return f"{self.prefix}{name}"
 
-    def _read_unacked(self) -> None:
+    def _read(self, command: str, key: str, empty: Any, *args: Any, **kwargs: Any) -> Any:
+        """``command`` of ``key``, or ``empty`` if the key holds another type."""
         assert self.client is not None
-        scored: Any = self.client.zrange(
-            self._key(Channel.unacked_index_key), 0, -1, withscores=True
-        )
-        times: dict[str, float] = dict(scored)
-        stored: dict[str, str] = self.client.hgetall(self._key(Channel.unacked_key))  # type: ignore[assignment]
-        for tag, value in stored.items():
-            try:
-                raw = json.loads(value)[0]
-            except (ValueError, IndexError, TypeError):
-                continue
-            headers = _headers(raw)
+        try:
+            return getattr(self.client, command)(key, *args, **kwargs)
+        except redis.ResponseError as exc:  # WRONGTYPE: not kombu's key
+            log.warning("broker key %s cannot be read (%s); skipped", key, exc)
+            return empty
+
+    def _read_unacked(self) -> None:
+        index, hashed = (self._key(k) for k in (Channel.unacked_index_key, Channel.unacked_key))
+        scored: Any = self._read("zrange", index, [], 0, -1, withscores=True)
+        times: dict[str, float] = {_text(tag): score for tag, score in scored}
+        stored: dict[bytes, bytes] = self._read("hgetall", hashed, {})
+        for raw_tag, value in stored.items():
+            tag = _text(raw_tag)
+            headers = _headers(_unacked_message(value))
             task_id = headers.get("id")
-            if isinstance(task_id, str):
-                at = times.get(tag, time.time())
+            at = times.get(tag, time.time())
+            if not isinstance(task_id, str):
+                self.malformed.append((raw_tag, at))
+            else:
                 self.delivered.append(Delivered(tag, task_id, str(headers.get("task", "")), at))
                 # A worker holds a countdown task until its ETA: it is live until then.
                 live = max(at, _eta(headers))
@@ -132,7 +161,7 @@ class BrokerView:
             key = self._key(name)
             start = 0
             while True:
-                chunk: list[str] = self.client.lrange(key, start, start + _CHUNK - 1)  # type: ignore[assignment]
+                chunk: list[bytes] = self._read("lrange", key, [], start, start + _CHUNK - 1)
                 for raw in chunk:
                     task_id = _headers(raw).get("id")
                     if isinstance(task_id, str):
@@ -159,16 +188,19 @@ class BrokerView:
         """Remove delivered, unacknowledged messages older than
         ``older_than`` seconds whose work ``is_done``: without this Redis
         would hand them out again after the visibility timeout, as phantom
-        work. Returns how many were removed."""
+        work. Entries that are not a message at all go too (kombu's restore
+        of unacked messages failed on each, and left those behind it).
+        Returns how many were removed."""
         if self.client is None:
             return 0
         ceiling = time.time() - older_than
-        stale = [d for d in self.delivered if d.at < ceiling and is_done(d)]
+        stale: list[str | bytes] = [d.tag for d in self.delivered if d.at < ceiling and is_done(d)]
+        stale += [tag for tag, at in self.malformed if at < ceiling]
         if stale:
-            self._remove(d.tag for d in stale)
+            self._remove(stale)
         return len(stale)
 
-    def _remove(self, tags: Iterable[str]) -> None:
+    def _remove(self, tags: Iterable[str | bytes]) -> None:
         assert self.client is not None
         pipe = self.client.pipeline()
         for tag in tags:

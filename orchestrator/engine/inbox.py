@@ -188,12 +188,14 @@ def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
 
 def _enqueue(rt: Runtime, conversation_id: str, fields: dict[str, str]) -> str:
     """Append to the conversation's stream and mark its inbox as waiting,
-    in one MULTI: no message is ever queued outside the set. Returns the
-    entry id."""
+    in one MULTI: no message is ever queued outside the set, nor in a
+    stream set to expire (:func:`_forget`). Returns the entry id."""
     prefix = rt.settings.redis_prefix
+    key = inbox(prefix, conversation_id)
     pipe = rt.redis.pipeline()
-    pipe.xadd(inbox(prefix, conversation_id), fields)  # type: ignore[arg-type]
+    pipe.xadd(key, fields)  # type: ignore[arg-type]
     pipe.sadd(inboxes(prefix), conversation_id)
+    pipe.persist(key)
     return str(pipe.execute()[0])
 
 
@@ -202,13 +204,24 @@ def _forget(rt: Runtime, conversation_id: str) -> None:
     arrived meanwhile (:func:`_enqueue` adds to the stream and the set at
     once, so it is either seen by the length check or adds itself back).
     The removal and the check go in one MULTI: one round trip, and nothing
-    runs between them."""
+    runs between them.
+
+    The empty stream is set to expire ``event_stream_ttl`` seconds later
+    (emptied streams stayed in Redis forever, one per conversation ever
+    sent to); a message queued meanwhile takes the expiry off again, here
+    or in its own MULTI. Its entry ids stay above the old ones: a new
+    stream's ids are Redis's clock, an hour past the last."""
     prefix = rt.settings.redis_prefix
+    key = inbox(prefix, conversation_id)
     pipe = rt.redis.pipeline()
     pipe.srem(inboxes(prefix), conversation_id)
-    pipe.xlen(inbox(prefix, conversation_id))
+    pipe.xlen(key)
+    pipe.expire(key, rt.settings.event_stream_ttl)
     if pipe.execute()[1]:
-        rt.redis.sadd(inboxes(prefix), conversation_id)
+        back = rt.redis.pipeline()
+        back.sadd(inboxes(prefix), conversation_id)
+        back.persist(key)
+        back.execute()
 
 
 def _entry_ms(entry_id: str) -> int:

@@ -1,0 +1,149 @@
+"""Hostile broker state beyond undecodable queue messages (issue 21, item 14):
+malformed entries in the unacknowledged hash, and keys of the wrong type
+where a queue or the hash should be. A worker and the sweeper must go on."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from orchestrator import Client
+from orchestrator.celery_conf import QUEUES
+from orchestrator.engine.broker import BrokerView
+from orchestrator.engine.sweep import sweep
+from orchestrator.keys import dropped_messages
+from orchestrator.metrics import ChorusCollector
+from tests.conftest import WorkerProcess
+from tests.faults import isolated_settings
+from tests.fleet import running_beat
+from tests.integration.test_broker_faults import _envelope
+from tests.services import Services
+
+pytestmark = pytest.mark.integration
+
+#: Values a corrupted write (or anyone with access to Redis) may leave in
+#: the unacknowledged hash: none is kombu's ``[message, exchange, key]``.
+MALFORMED_UNACKED = [
+    b'{"0": 1}',
+    b"{}",
+    b"\x00\xff not JSON",
+    b"[]",
+    b"[null]",
+    b'["not a message"]',
+    b'[{"headers": []}]',
+    b"7",
+]
+
+
+def test_the_sweepers_view_of_the_broker_skips_malformed_unacked_entries(
+    services: Services, tmp_path: Path
+) -> None:
+    with isolated_settings(services, tmp_path) as settings:
+        client = Client(settings)
+        try:
+            broker = redis.Redis.from_url(settings.redis_url or "")
+            unacked = f"{settings.redis_prefix}:unacked"
+            for i, raw in enumerate(MALFORMED_UNACKED):
+                broker.hset(unacked, f"bad-{i}", raw)
+                broker.zadd(f"{unacked}_index", {f"bad-{i}": time.time() - 3600})
+            # The view reads past them
+            view = BrokerView.read(client.runtime, sorted(set(QUEUES.values())))
+            assert view.delivered == []
+            # and a sweep runs, taking out those past the stall timeout
+            # (kombu's restore of unacked messages fails on each)
+            sweep(client.runtime)
+            assert broker.hlen(unacked) == 0
+            assert broker.zcard(f"{unacked}_index") == 0
+        finally:
+            client.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_goes_on_past_malformed_unacked_entries_and_keys_of_the_wrong_type(
+    services: Services, tmp_path: Path
+) -> None:
+    # Given a worker of its own (restoring unacked messages every 10 s)
+    with isolated_settings(services, tmp_path, visibility_timeout=60) as settings:
+        client = Client(settings)
+        worker = WorkerProcess(settings, "all", "-Q", "llm,control,tools", "-P", "threads")
+        try:
+            worker.wait_ready(client, 120)
+            broker = redis.Redis.from_url(settings.redis_url or "")
+            prefix = settings.redis_prefix
+            # When the unacked hash holds malformed entries past their
+            # visibility timeout, and a priority list of a queue is a hash
+            unacked = f"{prefix}:unacked"
+            for i, raw in enumerate(MALFORMED_UNACKED):
+                broker.hset(unacked, f"bad-{i}", raw)
+                broker.zadd(f"{unacked}_index", {f"bad-{i}": time.time() - 3600})
+            broker.hset(f"{prefix}:tools\x06\x163", "not", "a list")
+            broker.set(dropped_messages(prefix), "not a counter")
+            time.sleep(25)  # two restore cycles
+            # Then it still runs jobs
+            assert client.submit("fleet-batch", "2 0.1").result(timeout=60) == "slept 2"
+            assert worker.proc.poll() is None
+            # and the metrics exporter still reports (without the counter)
+            families = {f.name for f in ChorusCollector(client.runtime).collect()}
+            assert "chorus_broker_messages_dropped" not in families
+            broker.delete(dropped_messages(prefix))
+            # and when the unacked hash and its index are strings
+            broker.delete(unacked, f"{unacked}_index")
+            broker.set(unacked, "not a hash")
+            broker.set(f"{unacked}_index", "not a sorted set")
+            # Then it moves them aside too and runs jobs (the message whose
+            # delivery met them is lost: the sweeper re-sends its step)
+            with running_beat(settings):
+                job = client.submit("fleet-batch", "2 0.1")
+                assert job.result(timeout=90) == "slept 2"
+            assert worker.proc.poll() is None
+            aside = sorted(k.decode() for k in broker.scan_iter(f"{prefix}:*:wrongtype:*"))
+            assert len(aside) == 3, aside
+        finally:
+            worker.stop()
+            client.close()
+    log = worker.log_path.read_text(errors="replace")
+    assert "Unrecoverable error" not in log
+
+
+def _task(task: str, body: str = "W1tdLCB7fSwge31d", **headers: object) -> bytes:
+    """A Celery protocol 2 message of ``task`` with its id and ``headers``."""
+    return _envelope({"task": task, "id": f"crafted-{task}", **headers}, body=body)
+
+
+#: Envelopes that look like Chorus's tasks, each wrong in one field.
+ODD_TASKS = [
+    _task("chorus.step", body="!!! not base64"),
+    _task("chorus.step", body="e30="),  # {}: not [args, kwargs, embed]
+    _task("chorus.advance", eta="not a date"),
+    _task("chorus.tool", expires="not a date"),
+    _task("chorus.tool", timelimit=["a", "b"]),
+    _task("chorus.dequeue", retries="many"),
+    _task("chorus.sweep", argsrepr=None, kwargsrepr=[1]),
+    _task("chorus.step", priority="high"),
+]
+
+
+@pytest.mark.timeout(180)
+def test_messages_of_chorus_tasks_wrong_in_one_field_cost_no_worker(
+    services: Services, tmp_path: Path
+) -> None:
+    with isolated_settings(services, tmp_path) as settings:
+        client = Client(settings)
+        worker = WorkerProcess(settings, "all", "-Q", "llm,control,tools", "-P", "threads")
+        try:
+            worker.wait_ready(client, 120)
+            broker = redis.Redis.from_url(settings.redis_url or "")
+            for i, raw in enumerate(ODD_TASKS):
+                queue = ("control", "llm", "tools")[i % 3]
+                broker.lpush(f"{settings.redis_prefix}:{queue}", raw)
+            time.sleep(5)
+            assert client.submit("fleet-batch", "2 0.1").result(timeout=60) == "slept 2"
+            assert worker.proc.poll() is None
+        finally:
+            worker.stop()
+            client.close()
+    log = worker.log_path.read_text(errors="replace")
+    assert "Unrecoverable error" not in log
