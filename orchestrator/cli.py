@@ -9,6 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -136,11 +137,25 @@ def worker(
     from workers.app import create_app
 
     die_with_supervisor()
-    # Celery's worker_main drops the worker's exit status: a cold shutdown or
-    # an "Unrecoverable error" would exit 0, which a supervisor or a
-    # container's restart policy reads as a clean stop.
-    code = create_app(_settings()).start(["worker", *argv, "-E", *(["-n", name] if name else [])])
-    raise typer.Exit(code or 0)
+    app = create_app(_settings())
+    raise typer.Exit(_run_celery(app, ["worker", *argv, "-E", *(["-n", name] if name else [])]))
+
+
+def _run_celery(app: Any, argv: list[str]) -> int:
+    """Run a ``celery`` command on ``app``; its exit status. Celery's own
+    ``worker_main``/``start`` lose it (click returns it rather than raising
+    in non-standalone mode), so an "Unrecoverable error" exited 0, which a
+    supervisor or a restart policy reads as a clean stop."""
+    from celery.bin.celery import celery
+
+    celery.params[0].default = app
+    try:
+        code = celery.main(args=argv, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    finally:
+        celery.params[0].default = None
+    return code if isinstance(code, int) else 0
 
 
 @app.command()

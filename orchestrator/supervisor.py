@@ -12,10 +12,13 @@ queues, pool and concurrency, each its own Celery node (``NAME-1@HOST``,
   exits 0 when they stopped cleanly.
 - A child that dies (OOM-killed, a crash) is restarted at once: its
   unfinished tasks come back as any dead worker's do (late acks, the
-  sweeper). A child that dies ``CRASH_LIMIT`` times within
+  sweeper). A child that exits with an error ``CRASH_LIMIT`` times within
   ``CRASH_WINDOW`` seconds (a configuration that fails at start) stops the
-  others, and the supervisor exits with that child's status (1 if it was
-  killed by a signal), so the container or unit restarts the whole.
+  others, and the supervisor exits with that child's status, so the
+  container or unit restarts the whole. A death by a signal (a tool that
+  kills its process, the OOM killer) is not counted: giving up would stop
+  every other call of the host, and a tool's runs of one call are bounded
+  by the engine (``CHORUS_MAX_TOOL_ATTEMPTS``).
 - A child that exits 0 on its own (a ``celery control shutdown``) is not
   restarted; when all have, the supervisor exits 0.
 - The children run in their own session (a terminal's Ctrl-C reaches them
@@ -175,6 +178,12 @@ class Supervisor:
             if self.stopping or code == 0:
                 child.done = True
                 continue
+            if code < 0:  # killed by a signal: not a configuration failing at start
+                log.warning(
+                    "worker process %d killed by signal %d: restarting it", child.index, -code
+                )
+                child.proc = self._spawn(child.index)
+                continue
             now = time.monotonic()
             child.deaths.append(now)
             while child.deaths and child.deaths[0] < now - CRASH_WINDOW:
@@ -188,7 +197,7 @@ class Supervisor:
                     CRASH_WINDOW,
                 )
                 child.done = True
-                return code if code > 0 else 1
+                return code
             log.warning("worker process %d exited with %d: restarting it", child.index, code)
             child.proc = self._spawn(child.index)
         if all(c.done for c in self._children):

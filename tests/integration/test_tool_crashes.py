@@ -46,12 +46,6 @@ def test_a_subagents_crashing_tool_ends_with_an_error_and_both_turns_go_on(
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the supervisor counts a tool's SIGKILLs as a crash loop: after 3 within 60 s "
-    "it stops every process of the worker, so the call's 4th claim never comes "
-    "(orchestrator/supervisor.py Supervisor.check; not fixed, see the report)",
-)
 def test_a_tool_that_kills_a_supervised_threads_worker_ends_with_an_error(
     services: Services, tmp_path: Path
 ) -> None:

@@ -172,6 +172,24 @@ def test_a_crash_looping_process_ends_the_supervisor(settings: Settings) -> None
         worker.kill()
 
 
+def test_an_unrecoverable_error_exits_non_zero(settings: Settings) -> None:
+    # Given a worker whose consumer cannot start (Celery: "Unrecoverable error")
+    env = worker_env(settings, CHORUS_MODULES="tests.unrecoverable")
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "worker", "-n", "unrecoverable@test"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    # Then it exits with Celery's failure status, not 0 (a supervisor or a
+    # restart policy would read 0 as a clean stop)
+    assert "Unrecoverable error" in out.stdout + out.stderr
+    assert out.returncode == 1, out.stderr[-2000:]
+
+
 def test_processes_must_be_auto_or_a_positive_number(settings: Settings) -> None:
     for value, why in (("0", "positive"), ("many", "positive"), ("2 -P prefork", "prefork")):
         out = subprocess.run(
