@@ -63,12 +63,16 @@ def compose_binary() -> Path:
     return binary
 
 
-def compose(project_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run `docker-compose -f compose.yaml ARGS` in PROJECT_DIR with a clean environment."""
+def compose(
+    project_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `docker-compose -f compose.yaml ARGS` in PROJECT_DIR with a clean
+    environment (plus ENV: the shell's variables)."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(project_dir),
         "DOCKER_CONFIG": str(project_dir / ".docker"),
+        **(env or {}),
     }
     return subprocess.run(
         [str(compose_binary()), "-f", "compose.yaml", *args],
@@ -282,6 +286,20 @@ def documented_variables() -> set[str]:
     """Names assigned in .env.example, commented-out defaults included."""
     pattern = re.compile(r"^#?\s*([A-Z][A-Z0-9_]*)=", re.MULTILINE)
     return set(pattern.findall(ENV_EXAMPLE.read_text()))
+
+
+@pytest.mark.parametrize("name", ["migrate", "beat", "metrics"])
+def test_services_that_call_no_model_get_no_provider_key(tmp_path: Path, name: str) -> None:
+    # Given a .env with provider keys and the same keys in the shell
+    directory = project_copy(tmp_path, dotenv=ENV_EXAMPLE)
+    shell = {"OPENAI_API_KEY": "sk-shell", "ANTHROPIC_API_KEY": "sk-ant-shell"}
+    resolved = json.loads(compose(directory, "config", "--format", "json", env=shell).stdout)
+    # Then the services that never call a model get neither
+    env = resolved["services"][name].get("environment", {})
+    assert not {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"} & set(env), (name, sorted(env))
+    assert "env_file" not in resolved["services"][name]
+    # and the workers get both
+    assert resolved["services"]["llm"]["environment"]["OPENAI_API_KEY"] == "sk-shell"
 
 
 def test_every_setting_is_passed_to_the_containers(project: Project) -> None:
