@@ -314,9 +314,23 @@ def endpoint_listed(url: str, endpoints: list[str]) -> bool:
     return False
 
 
+#: The largest inline spec, in characters of its JSON: it is stored with the
+#: conversation and its system prompt is sent on every step (a job's input
+#: has ``CHORUS_MAX_INPUT_CHARS``; a registered agent is the workers' own).
+MAX_INLINE_SPEC_CHARS = 1_000_000
+
+
 def check_inline(spec: AgentSpec, endpoints: list[str]) -> None:
     """Refuse what an inline spec may not choose (see the module docstring)
-    with :class:`SettingNotAllowedError` naming the field."""
+    with :class:`SettingNotAllowedError` naming the field, and an inline
+    spec over :data:`MAX_INLINE_SPEC_CHARS` with :class:`InvalidRequestError`."""
+    size = len(spec.model_dump_json())
+    if size > MAX_INLINE_SPEC_CHARS:
+        raise InvalidRequestError(
+            f"agent: an inline spec may hold at most {MAX_INLINE_SPEC_CHARS:,} characters "
+            f"of JSON; this one holds {size:,}",
+            ["agent"],
+        )
     if "://" in spec.model or any(c.isspace() for c in spec.model):
         raise SettingNotAllowedError("model", "a model string may not hold an address")
     if any(c in spec.model for c in "?#%\\") or {".", ".."} & set(spec.model.split("/")):

@@ -169,3 +169,13 @@ def test_an_inline_model_string_cannot_walk_out_of_its_path(
     for model in ("scripted/quick", "bedrock/anthropic.claude-3-5-sonnet-20240620-v1:0"):
         check_inline(AgentSpec(name="sec-path", model=model), [])
     assert listener.received == []
+
+
+def test_an_inline_spec_over_the_size_bound_is_refused(strict: Client) -> None:
+    # Given an inline spec whose system prompt alone is 1,000,001 characters
+    spec = AgentSpec(name="huge", model="scripted/ok", system="x" * 1_000_001)
+    # Then submit refuses it naming the agent: it would be stored and sent every step
+    with pytest.raises(UserError) as caught:
+        strict.submit(spec, "hi")
+    assert caught.value.fields == ["agent"]
+    assert "1,000,000 characters" in str(caught.value)
