@@ -21,7 +21,7 @@ from celery.worker import state
 from kombu import Producer, Queue
 from sqlmodel import select
 
-from orchestrator import Client, Settings
+from orchestrator import Client, Job, Settings
 from orchestrator.celery_conf import make_celery
 from orchestrator.keys import dropped_messages
 from orchestrator.metrics import ChorusCollector
@@ -73,6 +73,24 @@ def _wait_running_tool(client: Client, conversation_id: str, worker: WorkerProce
     )
 
 
+def _calls_in_flight(
+    client: Client, llm: LoopbackLLM, llm_worker: WorkerProcess, tools_worker: WorkerProcess
+) -> tuple[Job, Job]:
+    """A job whose model call is in flight (the provider answers after
+    CALL_SECONDS) and one whose tool is running (it sleeps as long)."""
+    llm.enqueue_text("Slow but sure.", delay=CALL_SECONDS)
+    spec = AgentSpec(
+        name="slow-thinker",
+        model="openai/loopback-model",
+        model_settings={"api_base": llm.base_url},
+    )
+    thinking = client.submit(spec, "Take your time.")
+    sleeping = client.submit("fleet-batch", f"1 {CALL_SECONDS}")
+    _wait("the model call started", lambda: llm.received, 60, llm_worker)
+    _wait_running_tool(client, sleeping.conversation_id, tools_worker)
+    return thinking, sleeping
+
+
 def _tool_calls(client: Client, conversation_id: str) -> list[ToolCallRow]:
     with client.runtime.session() as s:
         return list(
@@ -97,18 +115,8 @@ def test_workers_survive_a_redis_restart_and_finish_their_running_calls(
         try:
             llm_worker.wait_ready(client, 120)
             tools_worker.wait_ready(client, 120)
-            # and a model call in flight (the provider answers after 10 s)
-            llm.enqueue_text("Slow but sure.", delay=CALL_SECONDS)
-            spec = AgentSpec(
-                name="slow-thinker",
-                model="openai/loopback-model",
-                model_settings={"api_base": llm.base_url},
-            )
-            thinking = client.submit(spec, "Take your time.")
-            # and a tool in flight (it sleeps 10 s)
-            sleeping = client.submit("fleet-batch", f"1 {CALL_SECONDS}")
-            _wait("the model call started", lambda: llm.received, 60, llm_worker)
-            _wait_running_tool(client, sleeping.conversation_id, tools_worker)
+            # and a model call and a tool in flight
+            thinking, sleeping = _calls_in_flight(client, llm, llm_worker, tools_worker)
 
             # When Redis is killed -9 and comes back 2 s later
             server.kill()

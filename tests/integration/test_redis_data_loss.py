@@ -10,17 +10,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Client
-from schemas import AgentSpec
 from tests.conftest import WorkerProcess
 from tests.faults import PrivateRedis, isolated_settings
 from tests.fleet import running_beat
 from tests.integration.test_broker_faults import (
-    CALL_SECONDS,
     _alive,
     _answers_ping,
+    _calls_in_flight,
     _tool_calls,
-    _wait,
-    _wait_running_tool,
 )
 from tests.loopback_llm import LoopbackLLM
 from tests.services import Services
@@ -47,16 +44,7 @@ def test_workers_survive_redis_restarting_without_its_data(
             tools_worker.wait_ready(client, 120)
             with running_beat(settings):
                 # Given a model call in flight and a tool in flight
-                llm.enqueue_text("Slow but sure.", delay=CALL_SECONDS)
-                spec = AgentSpec(
-                    name="slow-thinker",
-                    model="openai/loopback-model",
-                    model_settings={"api_base": llm.base_url},
-                )
-                thinking = client.submit(spec, "Take your time.")
-                sleeping = client.submit("fleet-batch", f"1 {CALL_SECONDS}")
-                _wait("the model call started", lambda: llm.received, 60, llm_worker)
-                _wait_running_tool(client, sleeping.conversation_id, tools_worker)
+                thinking, sleeping = _calls_in_flight(client, llm, llm_worker, tools_worker)
 
                 # When Redis is killed -9 and comes back (empty, or later)
                 server.kill()
