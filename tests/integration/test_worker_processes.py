@@ -140,7 +140,7 @@ def test_processes_all_take_steps_and_a_killed_one_is_restarted(settings: Settin
                 first[1],
                 replacement,
             }
-            assert "exited with -9: restarting it" in llm.log.read_text()
+            assert "killed by signal 9: restarting it" in llm.log.read_text()
 
             # When the supervisor gets SIGTERM (a container stop)
             children = llm.children()
