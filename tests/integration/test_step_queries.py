@@ -76,12 +76,20 @@ class Meter:
     costs: list[Cost] = field(default_factory=list)
     local: threading.local = field(default_factory=threading.local)
     open: dict[int, bool] = field(default_factory=dict)  # connection -> statements since BEGIN
+    step: Cost | None = None  # the chorus.step that began last
 
     def current(self) -> Cost | None:
-        return getattr(self.local, "cost", None)
+        cost: Cost | None = getattr(self.local, "cost", None)
+        if cost is None and threading.current_thread().name == "chorus-announce":
+            # llm.requested, stored beside the model call on a thread of its
+            # own: the step's (with concurrent steps, perhaps another step's)
+            return self.step
+        return cost
 
     def prerun(self, task: Any = None, args: Any = (), **_: Any) -> None:
         self.local.cost = Cost(task.name, tuple(args or ()))
+        if task.name == "chorus.step":
+            self.step = self.local.cost
 
     def postrun(self, **_: Any) -> None:
         cost = self.current()
