@@ -91,6 +91,26 @@ def _calls_in_flight(
     return thinking, sleeping
 
 
+def _calls_survived(
+    client: Client,
+    llm: LoopbackLLM,
+    jobs: tuple[Job, Job],
+    workers: tuple[WorkerProcess, WorkerProcess],
+    timeout: float,
+) -> None:
+    """The jobs of :func:`_calls_in_flight` completed, the provider was asked
+    once (the running call was kept, not lost and paid again), the tool ran
+    once, and every worker is still the process it was and answers again."""
+    thinking, sleeping = jobs
+    assert thinking.result(timeout=timeout) == "Slow but sure."
+    assert sleeping.result(timeout=timeout) == "slept 1"
+    assert len(llm.received) == 1
+    assert [c.attempts for c in _tool_calls(client, sleeping.conversation_id)] == [1]
+    _alive(*workers)
+    for worker in workers:
+        _answers_ping(client, worker)
+
+
 def _tool_calls(client: Client, conversation_id: str) -> list[ToolCallRow]:
     with client.runtime.session() as s:
         return list(
@@ -123,17 +143,8 @@ def test_workers_survive_a_redis_restart_and_finish_their_running_calls(
             time.sleep(2)
             server.start()
 
-            # Then both jobs complete
-            assert thinking.result(timeout=90) == "Slow but sure."
-            assert sleeping.result(timeout=90) == "slept 1"
-            # the provider was asked once (the running call was kept, not
-            # lost and paid again) and the tool ran once
-            assert len(llm.received) == 1
-            assert [c.attempts for c in _tool_calls(client, sleeping.conversation_id)] == [1]
-            # every worker is still the process it was, and answers again
-            _alive(llm_worker, tools_worker)
-            for worker in (llm_worker, tools_worker):
-                _answers_ping(client, worker)
+            # Then both jobs complete, each call made once, every worker up
+            _calls_survived(client, llm, (thinking, sleeping), (llm_worker, tools_worker), 90)
             # and every message was acknowledged (the calls that ran across
             # the restart acked theirs once they ended): none would be
             # handed out again after the visibility timeout
