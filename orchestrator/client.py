@@ -20,7 +20,7 @@ from orchestrator.engine import conversations, inbox
 from orchestrator.engine.actions import Checkpoint as CheckpointAction
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
-from orchestrator.engine.outputs import archived
+from orchestrator.engine.tool_outputs import archived
 from orchestrator.engine.turns import TurnRef, start_turn
 from orchestrator.errors import (
     ConfigurationError,

@@ -57,7 +57,7 @@ from sqlmodel import Session, col
 
 from orchestrator.keys import events_stream
 from orchestrator.store.db import Db, connection_of
-from orchestrator.store.direct import execute
+from orchestrator.store.fast_executor import execute
 from orchestrator.store.tables import EventRow, table, utcnow
 from schemas import Event, EventName
 
@@ -251,7 +251,7 @@ def _stored(
     connection: Connection, count: int, statement: Insert, params: Mapping[str, Any]
 ) -> list[Any]:
     """The rows ``statement``, the INSERT of ``count`` events, returned: a
-    reused statement runs on the driver (:func:`orchestrator.store.direct.execute`),
+    reused statement runs on the driver (:func:`orchestrator.store.fast_executor.execute`),
     one built for this flush through SQLAlchemy (which caches its
     compilation by the statement's structure, not by the object)."""
     if count <= _REUSED_UP_TO:

@@ -106,9 +106,9 @@ class AgentSpec(Frozen):
     ``model_settings`` are passed to litellm (``temperature``, ``api_base``,
     ...). Secrets never go here: litellm reads provider keys from the
     environment of the worker, and Chorus refuses credential keys when an
-    agent is declared or a job submitted (``orchestrator.specs``). A spec a
+    agent is declared or a job submitted (``orchestrator.spec_checks``). A spec a
     job supplies inline (not a registered agent) may only say how the model
-    samples, never where the call goes: ``orchestrator.specs.check_inline``.
+    samples, never where the call goes: ``orchestrator.spec_checks.check_inline``.
     """
 
     # an instance a caller built with model_copy(update=...) or model_construct

@@ -12,17 +12,17 @@ from sqlalchemy.engine import Connection
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.cursor import move_cursor_from, move_from
 from orchestrator.engine.handoffs import handoff_in, take_over, target_values
-from orchestrator.engine.outputs import view
-from orchestrator.engine.prebuilt import (
+from orchestrator.engine.tool_outputs import view
+from orchestrator.runtime import Runtime
+from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.fast_executor import execute
+from orchestrator.store.statements import (
     insert_new,
     message_params,
     new_rows_if,
     run,
     unfinished,
 )
-from orchestrator.runtime import Runtime
-from orchestrator.store.db import returns_joined_rows
-from orchestrator.store.direct import execute
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, table
 from schemas import ConversationState, ToolResultBlock
 
@@ -125,8 +125,8 @@ def _finish_step(
 @lru_cache(maxsize=8)
 def _finish_statement(move: Update) -> Select[Any]:
     """``move`` returning the conversation's id, the results message's
-    INSERT (:func:`~orchestrator.engine.prebuilt.new_rows_if`) and :data:`_CLEAR_RESULTS`, each only
-    for a row ``move`` returned."""
+    INSERT (:func:`~orchestrator.store.statements.new_rows_if`) and
+    :data:`_CLEAR_RESULTS`, each only for a row ``move`` returned."""
     moved = move.returning(_CONVERSATIONS.c.id).cte("moved")
     has_moved = exists(select(moved.c.id))
     message = new_rows_if(MessageRow, has_moved)

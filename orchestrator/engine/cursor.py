@@ -10,10 +10,10 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session
 
 from orchestrator.engine.actions import Action, Dequeue
-from orchestrator.engine.prebuilt import run
 from orchestrator.engine.subagents import answer_parent
 from orchestrator.events import Outbox
 from orchestrator.store.clock import db_now
+from orchestrator.store.statements import run
 from orchestrator.store.tables import Conversation, Turn, table, utcnow
 from schemas import ConversationState, EventName, TurnStatus
 

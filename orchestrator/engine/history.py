@@ -41,11 +41,11 @@ from sqlmodel import Session, col, select
 
 from orchestrator import context
 from orchestrator.context import TransformContext
-from orchestrator.engine.outputs import holds_view
+from orchestrator.engine.tool_outputs import holds_view
 from orchestrator.llm.call import openai_messages, system_message
 from orchestrator.ratelimit import json_chars
 from orchestrator.store.db import Db, connection_of
-from orchestrator.store.direct import execute
+from orchestrator.store.fast_executor import execute
 from orchestrator.store.tables import CheckpointRow, MessageRow, table
 from orchestrator.toolnames import alias
 from schemas import AgentSpec, Message, Role, Usage, content_blocks_adapter
@@ -171,7 +171,8 @@ class Stored:
     sent: tuple[dict[str, Any], ...]
     #: Characters they take in the request's compact JSON, a comma after each.
     chars: int
-    #: Whether it holds a cut tool output's view (:func:`~orchestrator.engine.outputs.holds_view`).
+    #: Whether it holds a cut tool output's view
+    #: (:func:`~orchestrator.engine.tool_outputs.holds_view`).
     cut: bool = False
 
 

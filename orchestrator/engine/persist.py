@@ -30,9 +30,7 @@ from orchestrator.engine.budget import (
 )
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.handoffs import answer_handoff
-from orchestrator.engine.output import NUDGE, final_call
 from orchestrator.engine.planning import update_plan
-from orchestrator.engine.prebuilt import NewRow, message_params, new_row_params
 from orchestrator.engine.reply_meaning import (
     Finish,
     GiveUp,
@@ -48,7 +46,15 @@ from orchestrator.engine.reply_meaning import (
     reply_meaning,
     spends_output_attempt,
 )
-from orchestrator.engine.stepstatements import (
+from orchestrator.engine.structured_output import NUDGE, final_call
+from orchestrator.engine.subagents import is_subagent_call, subagent_tool
+from orchestrator.errors import UnknownAgentError, UnknownToolError
+from orchestrator.events import ConversationIds, Outbox, TurnIds
+from orchestrator.llm.call import ModelReply
+from orchestrator.runtime import Runtime
+from orchestrator.store.db import Db, returns_joined_rows
+from orchestrator.store.statements import NewRow, message_params, new_row_params
+from orchestrator.store.step_sql import (
     ADD_USAGE,
     ADD_USAGE_AND_TREE,
     ATTEMPTS,
@@ -62,12 +68,6 @@ from orchestrator.engine.stepstatements import (
     release,
     usage_with_message,
 )
-from orchestrator.engine.subagents import is_subagent_call, subagent_tool
-from orchestrator.errors import UnknownAgentError, UnknownToolError
-from orchestrator.events import ConversationIds, Outbox, TurnIds
-from orchestrator.llm.call import ModelReply
-from orchestrator.runtime import Runtime
-from orchestrator.store.db import Db, returns_joined_rows
 from orchestrator.store.tables import (
     Conversation,
     MessageRow,

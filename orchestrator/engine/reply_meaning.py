@@ -32,8 +32,14 @@ from typing import Any, Literal
 from orchestrator.engine.access import refusal
 from orchestrator.engine.budget import NO_MORE_TOOLS
 from orchestrator.engine.handoffs import is_handoff_call
-from orchestrator.engine.output import FINAL_ANSWER, as_output, final_call, problems, rejection
 from orchestrator.engine.planning import PLAN_TOOL
+from orchestrator.engine.structured_output import (
+    FINAL_ANSWER,
+    as_output,
+    final_call,
+    problems,
+    rejection,
+)
 from orchestrator.llm.reply import ModelReply
 from schemas import AgentSpec, ToolCallBlock
 
@@ -131,7 +137,7 @@ class StepFacts:
 def final_answer_errors(spec: AgentSpec, reply: ModelReply) -> list[str] | None:
     """What is wrong with the reply's ``final_answer`` call (empty: valid);
     None if the agent has no output schema or the reply makes no such call.
-    CPU only, bounded (:func:`~orchestrator.engine.output.problems`)."""
+    CPU only, bounded (:func:`~orchestrator.engine.structured_output.problems`)."""
     final = final_call(spec, reply.tool_calls)
     return None if final is None else problems(spec, final.params)
 

@@ -18,6 +18,7 @@ from sqlmodel import select
 
 from orchestrator import registry, toolsets
 from orchestrator.engine.actions import Action, Revoke, RunStep
+from orchestrator.engine.after_commit import settle
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
     JobRow,
@@ -30,10 +31,6 @@ from orchestrator.engine.cursor import finish_turn
 from orchestrator.engine.handoffs import handoff_tool
 from orchestrator.engine.history import model_prompt
 from orchestrator.engine.lease import heartbeat
-from orchestrator.engine.output import (
-    final_answer_tool,
-)
-from orchestrator.engine.outputs import READ_TOOL_OUTPUT, read_output_tool
 from orchestrator.engine.persist import (
     load_owned,
     persist,
@@ -41,9 +38,22 @@ from orchestrator.engine.persist import (
     record_unstored,
 )
 from orchestrator.engine.planning import plan_tool
-from orchestrator.engine.prebuilt import run
-from orchestrator.engine.settle import settle
-from orchestrator.engine.stepstatements import (
+from orchestrator.engine.structured_output import (
+    final_answer_tool,
+)
+from orchestrator.engine.subagents import subagent_tool
+from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, read_output_tool
+from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
+from orchestrator.events import ConversationIds, DeltaBatcher, Outbox, TurnIds
+from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
+from orchestrator.logs import StreamRedaction, bind, redact
+from orchestrator.policies import retry_delay
+from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
+from orchestrator.runtime import Runtime
+from orchestrator.store.db import Db, connection_of, returns_joined_rows
+from orchestrator.store.fast_executor import execute
+from orchestrator.store.statements import run
+from orchestrator.store.step_sql import (
     DEFERRED,
     LEASED,
     TAKE_ALONE,
@@ -53,16 +63,6 @@ from orchestrator.engine.stepstatements import (
     leased,
     release,
 )
-from orchestrator.engine.subagents import subagent_tool
-from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
-from orchestrator.events import ConversationIds, DeltaBatcher, Outbox, TurnIds
-from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
-from orchestrator.logs import StreamRedaction, bind, redact
-from orchestrator.policies import retry_delay
-from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
-from orchestrator.runtime import Runtime
-from orchestrator.store.db import Db, connection_of, returns_joined_rows
-from orchestrator.store.direct import execute
 from orchestrator.store.tables import (
     EventRow,
     utcnow,

@@ -18,20 +18,20 @@ from sqlmodel import Session
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
 from orchestrator.engine.history import copy_messages
-from orchestrator.engine.prebuilt import insert_new, new_row_params, new_rows_if, run
-from orchestrator.engine.subagentstatements import (
+from orchestrator.errors import InvalidRequestError
+from orchestrator.events import Outbox
+from orchestrator.runtime import Runtime
+from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.statements import insert_new, new_row_params, new_rows_if, run
+from orchestrator.store.subagent_sql import (
     CallerConversation,
     CallerTurn,
     ConversationRef,
     TurnRef,
     answer_call,
 )
-from orchestrator.engine.toolstatements import CallFields
-from orchestrator.errors import InvalidRequestError
-from orchestrator.events import Outbox
-from orchestrator.runtime import Runtime
-from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
+from orchestrator.store.tool_call_sql import CallFields
 from schemas import AgentSpec, ConversationState, EventName, TextBlock, ToolSpec, TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
 

@@ -16,11 +16,11 @@ from orchestrator.engine.actions import Action, Deadline, RunStep
 from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
-from orchestrator.engine.prebuilt import NewRow, insert_new, run
 from orchestrator.errors import ConversationBusyError, InvalidRequestError, UnknownAgentError
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings
-from orchestrator.specs import check_inline, check_spec
+from orchestrator.spec_checks import check_inline, check_spec
+from orchestrator.store.statements import NewRow, insert_new, run
 from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
 from orchestrator.store.values import check
 from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest, TextBlock
@@ -40,7 +40,7 @@ def resolve_agent(agent: str | AgentSpec) -> AgentSpec:
     """The registered agent of that name, or an inline spec, once everything
     it names exists (tools, subagents, handoff targets, context
     transformers, checkpoint strategy, in it and in the agents it names) and its settings pass
-    :func:`~orchestrator.specs.check_spec`: a spec that would fail every
+    :func:`~orchestrator.spec_checks.check_spec`: a spec that would fail every
     step is refused here, at submit."""
     spec = registry.get_agent(agent) if isinstance(agent, str) else agent
     _check_tree(spec, set())
@@ -61,7 +61,7 @@ def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
 
 def check_inline_agent(settings: Settings, agent: str | AgentSpec) -> None:
     """An inline spec (one that is not the registered agent of its name)
-    may not say where its model calls go: :func:`~orchestrator.specs.check_inline`
+    may not say where its model calls go: :func:`~orchestrator.spec_checks.check_inline`
     with ``CHORUS_MODEL_ENDPOINTS``. A registered agent is the workers' own
     configuration and passes."""
     if isinstance(agent, str):

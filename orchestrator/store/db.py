@@ -8,7 +8,7 @@ two calls, a worker after a quiet spell), where a server restart is the
 likely thing to have happened meanwhile. A connection that dropped while in
 use raises a disconnect: SQLAlchemy invalidates the pool's older
 connections, and the task that met it is retried as a transient failure
-(``engine/failures.py``, ``workers/tasks.py``).
+(``engine/task_failures.py``, ``workers/tasks.py``).
 """
 
 from __future__ import annotations

@@ -28,14 +28,14 @@ from sqlalchemy import (
 from sqlmodel import Session, SQLModel
 
 from orchestrator.store.db import Db, connection_of
-from orchestrator.store.direct import Rows, execute
+from orchestrator.store.fast_executor import Rows, execute
 from orchestrator.store.tables import CALL_FINISHED, MessageRow, table
 
 
 def run(db: Db, statement: Executable, params: Mapping[str, Any]) -> Rows:
     """Execute ``statement`` in ``db``'s transaction, or on its own in an
     autocommit connection (on the driver's connection:
-    :func:`orchestrator.store.direct.execute`).
+    :func:`orchestrator.store.fast_executor.execute`).
 
     A session's pending changes are flushed first, as an ORM statement's
     autoflush would: the statements reach the database in the same order,

@@ -28,10 +28,10 @@ from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
 from orchestrator.engine.budget import JOB_ROW_COLUMNS, LOCK_JOB, ROLL_UP, TREE_TOTALS, JobRow
-from orchestrator.engine.output import FINAL_ANSWER
-from orchestrator.engine.prebuilt import MESSAGE_VALUES, new_rows_if
+from orchestrator.engine.structured_output import FINAL_ANSWER
 from orchestrator.events import Riders
 from orchestrator.store.clock import db_now
+from orchestrator.store.statements import MESSAGE_VALUES, new_rows_if
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
 from schemas import ConversationState
 
@@ -235,7 +235,7 @@ def batch_riders(calls: int) -> Riders:
     """The rest of :data:`STEP_MOVE`'s statement, for a batch of ``calls``:
     the turn's usage and the job's tree totals (a job's own turn on its
     root: one row), the assistant message and the calls
-    (:func:`~orchestrator.engine.prebuilt.new_row_params`), each written
+    (:func:`~orchestrator.store.statements.new_row_params`), each written
     only if the move took (``moved``)."""
 
     def riders(moved: ColumnElement[bool]) -> tuple[Insert | Update, ...]:

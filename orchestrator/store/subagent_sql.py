@@ -6,7 +6,7 @@ per call through the ORM, with the call, its turn and its conversation
 loaded as entities (all their JSON columns), these were most of a child's
 start. Built once here against the tables, with ``bindparam``s, they run
 with a dict of parameters and return only the columns that are read, as
-plain tuples (:mod:`orchestrator.engine.prebuilt`).
+plain tuples (:mod:`orchestrator.store.statements`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from sqlalchemy import bindparam, exists, func, select, true, update
 from sqlmodel import Session
 
 from orchestrator.engine.budget import LOCK_JOB, lock_job
-from orchestrator.engine.prebuilt import run, unfinished
-from orchestrator.engine.toolstatements import ClaimedCall
 from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.statements import run, unfinished
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
+from orchestrator.store.tool_call_sql import ClaimedCall
 
 
 class SubagentCall(NamedTuple):

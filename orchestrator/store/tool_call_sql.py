@@ -17,10 +17,10 @@ from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import bindparam, func, select, true, update
 
-from orchestrator.engine.prebuilt import unfinished
 from orchestrator.events import ConversationIds, TurnIds
 from orchestrator.store.db import Db, connection_of, returns_joined_rows
-from orchestrator.store.direct import execute
+from orchestrator.store.fast_executor import execute
+from orchestrator.store.statements import unfinished
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
 from schemas import TurnStatus
 from schemas.specs import SUBAGENT_PREFIX

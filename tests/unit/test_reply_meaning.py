@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.engine.budget import NO_MORE_TOOLS
-from orchestrator.engine.output import NUDGE
 from orchestrator.engine.reply_meaning import (
     Finish,
     GiveUp,
@@ -20,6 +19,7 @@ from orchestrator.engine.reply_meaning import (
     reply_meaning,
     spends_output_attempt,
 )
+from orchestrator.engine.structured_output import NUDGE
 from orchestrator.llm.reply import ModelReply
 from schemas import AgentSpec, ToolCallBlock, Usage
 
