@@ -79,7 +79,7 @@ class Revoke:
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class TakeCheckpoint:
     """Summarize a conversation in the background (task ``chorus.checkpoint``)."""
 
     conversation_id: str
@@ -97,7 +97,7 @@ class Deadline:
     priority: int
 
 
-Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint | Deadline
+Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | TakeCheckpoint | Deadline
 
 
 @dataclass(frozen=True)

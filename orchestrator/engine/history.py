@@ -147,16 +147,16 @@ _CONTENTS = select_columns(_MESSAGES.c.id, _MESSAGES.c.content).where(
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class CheckpointSummary:
     """What a step and the next checkpoint read of a conversation's latest one."""
 
     boundary_message_id: int
     summary: str
 
 
-def latest_checkpoint(session: Session, conversation_id: str) -> Checkpoint | None:
+def latest_checkpoint(session: Session, conversation_id: str) -> CheckpointSummary | None:
     row = session.execute(_LATEST_CHECKPOINT, {"b_conv": conversation_id}).first()
-    return None if row is None else Checkpoint(*row)
+    return None if row is None else CheckpointSummary(*row)
 
 
 # --- the per-process cache of stored messages -------------------------------

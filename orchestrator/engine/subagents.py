@@ -27,7 +27,7 @@ from orchestrator.store.subagent_sql import (
     CallerConversation,
     CallerTurn,
     ConversationRef,
-    TurnRef,
+    TurnEventRef,
     answer_call,
 )
 from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
@@ -169,7 +169,7 @@ def start_child(
     child_spec, task, fork = _child_request(spec, call)
     _check_depth(rt, conv)
     child = ConversationRef(new_id(), conv.root_id)
-    child_turn = TurnRef(new_id(), turn.correlation_id)  # the job's, as the parent's
+    child_turn = TurnEventRef(new_id(), turn.correlation_id)  # the job's, as the parent's
     conversation = {
         "id": child.id,
         "root_id": conv.root_id,

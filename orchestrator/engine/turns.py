@@ -28,7 +28,7 @@ from schemas.jobs import MAX_CONTEXT_BYTES
 
 
 @dataclass(frozen=True)
-class TurnRef:
+class JobRef:
     """Identity of a started (or found) turn: the job's handle."""
 
     job_id: str
@@ -114,11 +114,11 @@ _BY_KEY = select(_TURNS.c.id, _TURNS.c.conversation_id, _TURNS.c.root_id).where(
 )
 
 
-def _existing(session: Session, key: str | None) -> TurnRef | None:
+def _existing(session: Session, key: str | None) -> JobRef | None:
     if key is None:
         return None
     found = run(session, _BY_KEY, {"key": key}).first()
-    return TurnRef(found.id, found.conversation_id, found.root_id) if found else None
+    return JobRef(found.id, found.conversation_id, found.root_id) if found else None
 
 
 class _Ids(NamedTuple):
@@ -132,7 +132,7 @@ class _Ids(NamedTuple):
 
 def start_turn(
     rt: Runtime, request: JobRequest, *, queued_entry: str | None = None
-) -> tuple[TurnRef, list[Action]]:
+) -> tuple[JobRef, list[Action]]:
     """Store the user's input as a new turn and return the step to run.
 
     Submitting again with the same idempotency key returns the first turn
@@ -192,7 +192,7 @@ def start_turn(
         if found is None:
             raise
         return found, []
-    ref = TurnRef(turn.id, conv.id, conv.root_id)
+    ref = JobRef(turn.id, conv.id, conv.root_id)
     actions: list[Action] = [RunStep(conv.id, turn.id, 0, request.priority)]
     if budget is not None and budget.wall_seconds is not None:
         # A task held for longer than the visibility timeout is delivered

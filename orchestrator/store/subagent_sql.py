@@ -65,7 +65,7 @@ class ConversationRef(NamedTuple):
     root_id: str
 
 
-class TurnRef(NamedTuple):
+class TurnEventRef(NamedTuple):
     """A turn's ids, as its events name them."""
 
     id: str
@@ -77,7 +77,7 @@ class Answered(NamedTuple):
     the parent's event and its advance need."""
 
     conversation: ConversationRef
-    turn: TurnRef
+    turn: TurnEventRef
     priority: int
     step: int
     segment: int
@@ -242,5 +242,5 @@ def answer_call(
         parent: tuple[Any, ...] = tuple(run(session, _PARENT, ids).one())
         root_id, correlation_id, priority = parent
         values = (conversation_id, root_id, turn_id, correlation_id, priority, *rest)
-    conversation, turn = ConversationRef(*values[0:2]), TurnRef(*values[2:4])
+    conversation, turn = ConversationRef(*values[0:2]), TurnEventRef(*values[2:4])
     return Answered._make((conversation, turn, *values[4:]))
