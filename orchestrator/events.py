@@ -58,6 +58,7 @@ from sqlmodel import Session, col
 from orchestrator.keys import events_stream
 from orchestrator.store.db import Db, connection_of
 from orchestrator.store.fast_executor import execute
+from orchestrator.store.statements import Riders
 from orchestrator.store.tables import EventRow, table, utcnow
 from schemas import Event, EventName
 
@@ -222,13 +223,6 @@ _REUSED_UP_TO = 32
 #: Most events one INSERT stores (9 parameters each): a larger flush is
 #: several statements, as a statement may carry at most 65,535 parameters.
 _INSERTED_AT_ONCE = 1000
-
-
-#: Further writes of a guarded flush (:meth:`Outbox.flush_if`): given the
-#: condition "the guard changed a row", the statements that run, as
-#: data-modifying CTEs, under it. Built once (a module-level or cached
-#: function): it is part of the statement's cache key.
-Riders = Callable[[ColumnElement[bool]], tuple[Insert | Update, ...]]
 
 
 def _insert(

@@ -32,6 +32,8 @@ HANDOFF_PREFIX = "handoff__"
 #: The built-in tool reading a cut tool output; an agent may list it in its
 #: ``tools`` to be offered it on every step (else only where one was cut).
 READ_TOOL_OUTPUT = "read_tool_output"
+#: The built-in tool an agent with an output schema gives its final answer with.
+FINAL_ANSWER = "final_answer"
 
 #: The tool of each field that names agents, by field.
 _AGENT_TOOL_PREFIXES = {"subagents": SUBAGENT_PREFIX, "handoffs": HANDOFF_PREFIX}

@@ -18,13 +18,14 @@ from sqlalchemy import update
 from sqlmodel import Session, col
 
 from orchestrator.engine.actions import Action, TakeCheckpoint
-from orchestrator.engine.budget import lock_job, record_paid
+from orchestrator.engine.budget import record_paid
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
 from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.llm.call import complete, warm
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
+from orchestrator.store.job_totals import lock_job
 from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
 from schemas import (
     AgentSpec,

@@ -18,16 +18,7 @@ from sqlmodel import Session
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
-from orchestrator.engine.budget import (
-    TREE_TOOL_CALLS,
-    JobRow,
-    lock_job,
-    record_paid,
-    record_usage,
-    roll_up,
-    tool_calls_left,
-    tree_params,
-)
+from orchestrator.engine.budget import record_paid, record_usage, tool_calls_left
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
 from orchestrator.engine.handoffs import answer_handoff
 from orchestrator.engine.planning import update_plan
@@ -53,6 +44,7 @@ from orchestrator.events import ConversationIds, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db, returns_joined_rows
+from orchestrator.store.job_totals import TREE_TOOL_CALLS, JobRow, lock_job, roll_up, tree_params
 from orchestrator.store.statements import NewRow, message_params, new_row_params
 from orchestrator.store.step_sql import (
     ADD_USAGE,
@@ -264,7 +256,7 @@ def _add_usage(
     conversation, the tree totals are one update of the turn's row: the
     conversation's row, locked first, is the root's, which orders every
     writer of the job's turn. Any other step takes the root's row
-    (:func:`~orchestrator.engine.budget.lock_job`) before it writes a turn:
+    (:func:`~orchestrator.store.job_totals.lock_job`) before it writes a turn:
     a job on a subagent's conversation writes its own turn and then the
     tree totals on that same turn, and a stop locks the root's row, then
     the job's turn."""

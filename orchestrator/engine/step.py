@@ -19,12 +19,7 @@ from sqlmodel import select
 from orchestrator import registry, toolsets
 from orchestrator.engine.actions import Action, Revoke, RunStep
 from orchestrator.engine.after_commit import settle
-from orchestrator.engine.budget import (
-    NO_MORE_TOOLS,
-    JobRow,
-    exceeded,
-    tool_calls_left,
-)
+from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, tool_calls_left
 from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn
@@ -52,6 +47,7 @@ from orchestrator.ratelimit import RateLimited, admit, record_output, request_to
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db, connection_of, returns_joined_rows
 from orchestrator.store.fast_executor import execute
+from orchestrator.store.job_totals import JobRow
 from orchestrator.store.statements import run
 from orchestrator.store.step_sql import (
     DEFERRED,

@@ -156,7 +156,7 @@ def start_child(
     """Create the child conversation and its turn; a ChorusError means the
     call is answered at once with an error result instead. ``caller``: the
     call's turn, its conversation and that conversation's agent. The caller
-    holds the lock of the job's root row (:func:`~orchestrator.engine.budget.lock_job`),
+    holds the lock of the job's root row (:func:`~orchestrator.store.job_totals.lock_job`),
     taken before it claimed the call: the one lock order.
 
     The child's rows are inserted from their values (no entities: nothing

@@ -19,6 +19,7 @@ from sqlalchemy import (
     ColumnElement,
     Executable,
     Insert,
+    Update,
     bindparam,
     insert,
     literal,
@@ -30,6 +31,12 @@ from sqlmodel import Session, SQLModel
 from orchestrator.store.db import Db, connection_of
 from orchestrator.store.fast_executor import Rows, execute
 from orchestrator.store.tables import CALL_FINISHED, MessageRow, table
+
+#: Further writes of a guarded flush (:meth:`orchestrator.events.Outbox.flush_if`): given the
+#: condition "the guard changed a row", the statements that run, as
+#: data-modifying CTEs, under it. Built once (a module-level or cached
+#: function): it is part of the statement's cache key.
+Riders = Callable[[ColumnElement[bool]], tuple[Insert | Update, ...]]
 
 
 def run(db: Db, statement: Executable, params: Mapping[str, Any]) -> Rows:

@@ -27,13 +27,12 @@ from sqlalchemy import select as select_columns
 from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
-from orchestrator.engine.budget import JOB_ROW_COLUMNS, LOCK_JOB, ROLL_UP, TREE_TOTALS, JobRow
-from orchestrator.engine.structured_output import FINAL_ANSWER
-from orchestrator.events import Riders
 from orchestrator.store.clock import db_now
-from orchestrator.store.statements import MESSAGE_VALUES, new_rows_if
+from orchestrator.store.job_totals import JOB_ROW_COLUMNS, LOCK_JOB, ROLL_UP, TREE_TOTALS, JobRow
+from orchestrator.store.statements import MESSAGE_VALUES, Riders, new_rows_if
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
 from schemas import ConversationState
+from schemas.specs import FINAL_ANSWER
 
 _CONVERSATIONS = table(Conversation)
 _TURNS = table(Turn)
@@ -103,7 +102,7 @@ _TAKE = (
     .values(lease_owner=bindparam("b_owner"), lease_until=db_now(bindparam("b_lease")))
 )
 #: The columns of :class:`LeasedConversation`, :class:`LeasedTurn` and the
-#: job's :class:`~orchestrator.engine.budget.JobRow`, in order (labelled:
+#: job's :class:`~orchestrator.store.job_totals.JobRow`, in order (labelled:
 #: the three tables share column names).
 _LEASED = (
     *(_CONVERSATIONS.c[c].label(f"c_{c}") for c in LeasedConversation._fields),
@@ -188,10 +187,10 @@ def usage_with_message(tree: bool, lock: bool = False) -> Update:
     statement, one round trip.
 
     ``lock``, for a step not on its job's root conversation: the job's root
-    row is locked first (:data:`~orchestrator.engine.budget.LOCK_JOB`, a
+    row is locked first (:data:`~orchestrator.store.job_totals.LOCK_JOB`, a
     CTE the update's condition waits on, so it runs before the update
     touches the turn), and for a turn that is not the job's own (``tree``
-    False) the job's tree totals (:data:`~orchestrator.engine.budget.ROLL_UP`)
+    False) the job's tree totals (:data:`~orchestrator.store.job_totals.ROLL_UP`)
     are a further CTE, run after the update: the root's row, the turn's,
     then the job's turn, the one lock order, in one statement where there
     were three."""

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 from sqlalchemy import bindparam, exists, func, select, true, update
 from sqlmodel import Session
 
-from orchestrator.engine.budget import LOCK_JOB, lock_job
 from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.job_totals import LOCK_JOB, lock_job
 from orchestrator.store.statements import run, unfinished
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
 from orchestrator.store.tool_call_sql import ClaimedCall
@@ -199,7 +199,7 @@ def claim_call(
     session: Session, call_id: str, task_id: str | None, job_id: str
 ) -> ClaimedCall | None:
     """Lock the root row of the job ``job_id``
-    (:func:`~orchestrator.engine.budget.lock_job`), then mark the call
+    (:func:`~orchestrator.store.job_totals.lock_job`), then mark the call
     running, in the session's transaction: one statement on Postgres. None
     if the call has its result already."""
     params = {
