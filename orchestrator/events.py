@@ -57,6 +57,7 @@ from sqlmodel import Session, col
 
 from orchestrator.keys import events_stream
 from orchestrator.store.db import Db, connection_of
+from orchestrator.store.dialect import has_snapshots, numbers_in_select, writes_in_ctes
 from orchestrator.store.fast_executor import execute
 from orchestrator.store.statements import Riders
 from orchestrator.store.tables import EventRow, table, utcnow
@@ -104,7 +105,7 @@ def preview(data: dict[str, Any], key: str) -> dict[str, Any]:
 def visible_below(session: Session) -> ColumnElement[bool] | None:
     """The condition a read of stored events adds so that nothing it leaves
     out can later commit below what it returned (None: no bound needed)."""
-    if _dialect(session) != "postgresql":
+    if not has_snapshots(session):
         return None
     return col(EventRow.seq) < _SNAPSHOT_BOUND
 
@@ -118,18 +119,13 @@ def committed_horizon(session: Session) -> int | None:
     """A ``seq`` that every transaction committed before this call sorts
     below: once :func:`visible_below` reaches it, a read sees them all
     (None: every read already does)."""
-    if _dialect(session) != "postgresql":
+    if not has_snapshots(session):
         return None
     return int(
         session.execute(
             text(f"SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint << {SEQ_BITS}")
         ).scalar_one()
     )
-
-
-def _dialect(session: Session) -> str:
-    bind = session.get_bind()
-    return bind.dialect.name
 
 
 def row_to_event(row: EventRow | Pending, seq: int | None = None) -> Event:
@@ -344,7 +340,7 @@ class Outbox:
         if isinstance(db, Session):
             db.flush()
         connection = connection_of(db)
-        postgres = connection.dialect.name == "postgresql"
+        postgres = numbers_in_select(connection)
         while self.pending:
             rows, params = self._take(postgres, _INSERTED_AT_ONCE)
             statement = _insert(len(rows), postgres)
@@ -371,7 +367,7 @@ class Outbox:
         locked before any other (the one lock order); each rider writes
         only under the condition it is given."""
         connection = connection_of(db)
-        if connection.dialect.name != "postgresql":
+        if not writes_in_ctes(connection):
             raise ValueError("flush_if needs Postgres; use a transaction and flush")
         if len(self.pending) > _INSERTED_AT_ONCE:
             raise ValueError(f"flush_if stores at most {_INSERTED_AT_ONCE} events")

@@ -14,7 +14,7 @@ from orchestrator.engine.cursor import move_cursor_from, move_from
 from orchestrator.engine.handoffs import handoff_in, take_over, target_values
 from orchestrator.engine.tool_outputs import view
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.fast_executor import execute
 from orchestrator.store.statements import (
     insert_new,
@@ -54,7 +54,7 @@ def advance(
             return []
         last = max(c.segment for c in calls)
         handoff = handoff_in(calls)
-        if segment == last and handoff is None and returns_joined_rows(connection):
+        if segment == last and handoff is None and writes_in_ctes(connection):
             ids = (conversation_id, turn_id, step)
             moved = _finish_step(connection, ids, segment, _results_message(ids, calls))
             return [RunStep(conversation_id, turn_id, step + 1, calls[0].priority)] if moved else []

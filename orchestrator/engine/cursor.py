@@ -13,6 +13,7 @@ from orchestrator.engine.actions import Action, Dequeue
 from orchestrator.engine.subagents import answer_parent
 from orchestrator.events import Outbox
 from orchestrator.store.clock import db_now
+from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.statements import run
 from orchestrator.store.tables import Conversation, Turn, table, utcnow
 from schemas import ConversationState, EventName, TurnStatus
@@ -41,7 +42,7 @@ def _move(
     values = {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
     params = {"where_id": conv.id, "where_version": conv.version, **_set_params(values)}
     statement = _by_version(tuple(values))
-    together = ending is not None and session.get_bind().dialect.name == "postgresql"
+    together = ending is not None and writes_in_ctes(session)
     if ending is not None:
         params.update({"end_turn_id": ending[0], **_set_params(ending[1])})
         if together:

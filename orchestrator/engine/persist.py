@@ -43,7 +43,8 @@ from orchestrator.errors import UnknownAgentError, UnknownToolError
 from orchestrator.events import ConversationIds, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import Db, returns_joined_rows
+from orchestrator.store.db import Db
+from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.job_totals import TREE_TOOL_CALLS, JobRow, lock_job, roll_up, tree_params
 from orchestrator.store.statements import NewRow, message_params, new_row_params
 from orchestrator.store.step_sql import (
@@ -272,7 +273,7 @@ def _add_usage(
     # On Postgres the message's INSERT, and off the root the root's lock
     # and the roll-up, ride on the usage's UPDATE.
     message = _assistant_message(conv.id, turn.id, step, reply)
-    if returns_joined_rows(session):
+    if writes_in_ctes(session):
         statement = usage_with_message(jobs_own, lock=not combined)
         session.execute(statement, {**message_params(message), **own, "b_job": job.id})
     else:

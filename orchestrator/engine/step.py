@@ -45,7 +45,8 @@ from orchestrator.logs import StreamRedaction, bind, redact
 from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import Db, connection_of, returns_joined_rows
+from orchestrator.store.db import Db, connection_of
+from orchestrator.store.dialect import returns_joined_rows
 from orchestrator.store.fast_executor import execute
 from orchestrator.store.job_totals import JobRow
 from orchestrator.store.statements import run

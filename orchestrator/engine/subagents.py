@@ -21,7 +21,7 @@ from orchestrator.engine.history import copy_messages
 from orchestrator.errors import InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.statements import insert_new, new_row_params, new_rows_if, run
 from orchestrator.store.subagent_sql import (
     CallerConversation,
@@ -122,7 +122,7 @@ def _insert_child(
     call_id, conversation, first_turn, message = child
     params = {"where_id": job_id, "max_children": rt.settings.max_children, "call_id": call_id}
     rows = ((Conversation, conversation), (Turn, first_turn), (MessageRow, message))
-    if returns_joined_rows(session) and not fork:
+    if writes_in_ctes(session) and not fork:
         params.update(new_row_params(rows))
         taken = outbox.flush_if(session, _TAKE_SLOT, params, _child_rows)
     else:

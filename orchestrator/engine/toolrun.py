@@ -19,7 +19,7 @@ from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.logs import bind, redact
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.subagent_sql import (
     CallerConversation,
     CallerTurn,
@@ -152,13 +152,13 @@ def run_tool(
     view_chars = limit if archives(call.tool, result, limit) else None
 
     with rt.autocommit() as connection:
-        postgres = returns_joined_rows(connection)
-        if postgres:  # the result and its events: one statement, one round trip
+        together = writes_in_ctes(connection)
+        if together:  # the result and its events: one statement, one round trip
             _record_completion(started, call, turn, conv, result, is_error, view_chars)
             stored = started.flush_if(
                 connection, RESULT, result_params(call.id, result, is_error, view_chars)
             )
-    if not postgres:
+    if not together:
         with rt.transaction(started) as (session, outbox):
             if not _store_result(session, outbox, call, turn, conv, result, is_error, view_chars):
                 outbox.discard()  # another copy finished it: no tool.started either

@@ -179,13 +179,6 @@ def connection_of(db: Db) -> Connection:
     return db.connection() if isinstance(db, Session) else db
 
 
-def returns_joined_rows(db: Db) -> bool:
-    """Can an ``UPDATE … FROM`` return the rows of the tables it joins?
-    Postgres can; SQLite returns only the updated table's columns."""
-    bind = db.get_bind() if isinstance(db, Session) else db
-    return bind.dialect.name == "postgresql"
-
-
 @contextmanager
 def autocommit_scope(url: str, pool: Pool = DEFAULT_POOL) -> Iterator[Connection]:
     """A connection whose every statement commits as it runs: for reads and

@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlmodel import Session, SQLModel
 
 from orchestrator.store.db import Db, connection_of
+from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.fast_executor import Rows, execute
 from orchestrator.store.tables import CALL_FINISHED, MessageRow, table
 
@@ -75,7 +76,7 @@ def insert_new(session: Session, *rows: NewRow) -> None:
     order. Raises the database's error (an ``IntegrityError`` on a unique
     key) as separate INSERTs would."""
     full = [filled(model, values) for model, values in rows]
-    if len(rows) > 1 and session.get_bind().dialect.name == "postgresql":
+    if len(rows) > 1 and writes_in_ctes(session):
         shape, params = _shared([model for model, _ in rows], full)
         run(session, _insert_all(shape), params)
         return

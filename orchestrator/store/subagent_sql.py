@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import bindparam, exists, func, select, true, update
 from sqlmodel import Session
 
-from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.dialect import returns_joined_rows
 from orchestrator.store.job_totals import LOCK_JOB, lock_job
 from orchestrator.store.statements import run, unfinished
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow

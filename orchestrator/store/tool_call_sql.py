@@ -17,7 +17,8 @@ from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import bindparam, func, select, true, update
 
-from orchestrator.store.db import Db, connection_of, returns_joined_rows
+from orchestrator.store.db import Db, connection_of
+from orchestrator.store.dialect import returns_joined_rows
 from orchestrator.store.fast_executor import execute
 from orchestrator.store.statements import unfinished
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
