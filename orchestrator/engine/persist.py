@@ -44,12 +44,9 @@ from orchestrator.events import ConversationIds, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db
-from orchestrator.store.dialect import writes_in_ctes
-from orchestrator.store.job_totals import TREE_TOOL_CALLS, JobRow, lock_job, roll_up, tree_params
-from orchestrator.store.statements import NewRow, message_params, new_row_params
+from orchestrator.store.job_totals import TREE_TOOL_CALLS, JobRow, lock_job, tree_params
+from orchestrator.store.statements import NewRow, new_row_params
 from orchestrator.store.step_sql import (
-    ADD_USAGE,
-    ADD_USAGE_AND_TREE,
     ATTEMPTS,
     OWNED,
     STEP_MOVE,
@@ -59,7 +56,7 @@ from orchestrator.store.step_sql import (
     LeasedTurn,
     batch_riders,
     release,
-    usage_with_message,
+    store_reply,
 )
 from orchestrator.store.tables import (
     Conversation,
@@ -266,23 +263,14 @@ def _add_usage(
     own = _usage_params(turn.id, step, usage)
     own.update(tree_params(usage, tool_calls))
     jobs_own = job.id == turn.id  # its usage and the tree totals: one update of the row
-    # on its root, the job's turn's writers are ordered by the root's row, locked first
-    combined = jobs_own and conv.id == conv.root_id
     # Core: the turn object keeps its loaded usage and totals (nothing
     # reads them after this); its step count is what the turn's end reads.
     # On Postgres the message's INSERT, and off the root the root's lock
     # and the roll-up, ride on the usage's UPDATE.
     message = _assistant_message(conv.id, turn.id, step, reply)
-    if writes_in_ctes(session):
-        statement = usage_with_message(jobs_own, lock=not combined)
-        session.execute(statement, {**message_params(message), **own, "b_job": job.id})
-    else:
-        if not combined:  # the root's row before any turn's: the one lock order
-            lock_job(session, job.id)
-        session.execute(STORE_MESSAGE, message)
-        session.execute(ADD_USAGE_AND_TREE if jobs_own else ADD_USAGE, own)
-        if not jobs_own:
-            roll_up(session, job.id, usage, tool_calls, locked=True)
+    store_reply(
+        session, message, own, (job.id, jobs_own, conv.id == conv.root_id), (usage, tool_calls)
+    )
     set_committed_value(turn, "steps", step + 1)
     _record_reply(outbox, conv, turn, step, reply, clocks)
     return {
