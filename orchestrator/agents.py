@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator import registry
 from orchestrator.engine.access import builtin_names
 from orchestrator.errors import invalid
-from orchestrator.specs import check_spec
+from orchestrator.spec_checks import check_spec
 from orchestrator.toolnames import check_unique
 from orchestrator.tools import Tool
 from orchestrator.toolsets import MCPServerSpec

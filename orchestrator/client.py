@@ -17,11 +17,11 @@ from orchestrator import registry
 from orchestrator.celery_conf import make_celery
 from orchestrator.dispatch import dispatch
 from orchestrator.engine import conversations, inbox
-from orchestrator.engine.actions import Checkpoint as CheckpointAction
+from orchestrator.engine.actions import TakeCheckpoint
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
-from orchestrator.engine.outputs import archived
-from orchestrator.engine.turns import TurnRef, start_turn
+from orchestrator.engine.tool_outputs import archived
+from orchestrator.engine.turns import JobRef, start_turn
 from orchestrator.errors import (
     ConfigurationError,
     ConversationNotFound,
@@ -186,7 +186,7 @@ class Client:
             turn = session.get(Turn, _id(job_id, "job_id"))
             if turn is None:
                 raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
-            return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id))
+            return Job(self, JobRef(turn.id, turn.conversation_id, turn.root_id))
 
     def send(
         self,
@@ -220,7 +220,7 @@ class Client:
         key = inbox.idempotency_key(_known(conversation_id), _id(entry_id, "entry_id"))
         with self.runtime.session() as session:
             turn = session.exec(select(Turn).where(Turn.idempotency_key == key)).first()
-            return Job(self, TurnRef(turn.id, turn.conversation_id, turn.root_id)) if turn else None
+            return Job(self, JobRef(turn.id, turn.conversation_id, turn.root_id)) if turn else None
 
     def clear_queue(self, conversation_id: str) -> int:
         """Drop the conversation's queued messages (``queue.cleared``); returns how many."""
@@ -251,7 +251,7 @@ class Client:
         with self.runtime.session() as session:
             if session.get(Conversation, _known(conversation_id)) is None:
                 raise ConversationNotFound(conversation_id)
-        dispatch(self.celery, [CheckpointAction(conversation_id, DEFAULT_PRIORITY)])
+        dispatch(self.celery, [TakeCheckpoint(conversation_id, DEFAULT_PRIORITY)])
 
     def fork(self, conversation_id: str) -> str:
         """A new conversation with a copy of this one's messages; returns its id."""
@@ -320,7 +320,7 @@ class Client:
 class Job:
     """One submitted turn: its status, live events and result."""
 
-    def __init__(self, client: Client, ref: TurnRef) -> None:
+    def __init__(self, client: Client, ref: JobRef) -> None:
         self._client = client
         self.id = ref.job_id
         self.conversation_id = ref.conversation_id

@@ -10,13 +10,13 @@ from celery.backends.redis import RedisBackend
 from orchestrator.celery_conf import broker_priority
 from orchestrator.engine.actions import (
     Action,
-    Checkpoint,
     Deadline,
     Dequeue,
     Revoke,
     RunAdvance,
     RunSegment,
     RunStep,
+    TakeCheckpoint,
     advance_task_id,
     step_task_id,
 )
@@ -59,7 +59,7 @@ def dispatch(app: Celery, actions: Iterable[Action]) -> None:
             _send_segment(app, action)
         elif isinstance(action, RunAdvance):
             _advance(app, action).apply_async()
-        elif isinstance(action, Checkpoint):
+        elif isinstance(action, TakeCheckpoint):
             app.signature(
                 "chorus.checkpoint",
                 args=(action.conversation_id,),

@@ -57,7 +57,9 @@ from sqlmodel import Session, col
 
 from orchestrator.keys import events_stream
 from orchestrator.store.db import Db, connection_of
-from orchestrator.store.direct import execute
+from orchestrator.store.dialect import has_snapshots, numbers_in_select, writes_in_ctes
+from orchestrator.store.fast_executor import execute
+from orchestrator.store.statements import Riders
 from orchestrator.store.tables import EventRow, table, utcnow
 from schemas import Event, EventName
 
@@ -103,7 +105,7 @@ def preview(data: dict[str, Any], key: str) -> dict[str, Any]:
 def visible_below(session: Session) -> ColumnElement[bool] | None:
     """The condition a read of stored events adds so that nothing it leaves
     out can later commit below what it returned (None: no bound needed)."""
-    if _dialect(session) != "postgresql":
+    if not has_snapshots(session):
         return None
     return col(EventRow.seq) < _SNAPSHOT_BOUND
 
@@ -117,18 +119,13 @@ def committed_horizon(session: Session) -> int | None:
     """A ``seq`` that every transaction committed before this call sorts
     below: once :func:`visible_below` reaches it, a read sees them all
     (None: every read already does)."""
-    if _dialect(session) != "postgresql":
+    if not has_snapshots(session):
         return None
     return int(
         session.execute(
             text(f"SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint << {SEQ_BITS}")
         ).scalar_one()
     )
-
-
-def _dialect(session: Session) -> str:
-    bind = session.get_bind()
-    return bind.dialect.name
 
 
 def row_to_event(row: EventRow | Pending, seq: int | None = None) -> Event:
@@ -224,13 +221,6 @@ _REUSED_UP_TO = 32
 _INSERTED_AT_ONCE = 1000
 
 
-#: Further writes of a guarded flush (:meth:`Outbox.flush_if`): given the
-#: condition "the guard changed a row", the statements that run, as
-#: data-modifying CTEs, under it. Built once (a module-level or cached
-#: function): it is part of the statement's cache key.
-Riders = Callable[[ColumnElement[bool]], tuple[Insert | Update, ...]]
-
-
 def _insert(
     count: int, postgres: bool, guard: Update | None = None, riders: Riders | None = None
 ) -> Insert:
@@ -251,7 +241,7 @@ def _stored(
     connection: Connection, count: int, statement: Insert, params: Mapping[str, Any]
 ) -> list[Any]:
     """The rows ``statement``, the INSERT of ``count`` events, returned: a
-    reused statement runs on the driver (:func:`orchestrator.store.direct.execute`),
+    reused statement runs on the driver (:func:`orchestrator.store.fast_executor.execute`),
     one built for this flush through SQLAlchemy (which caches its
     compilation by the statement's structure, not by the object)."""
     if count <= _REUSED_UP_TO:
@@ -350,7 +340,7 @@ class Outbox:
         if isinstance(db, Session):
             db.flush()
         connection = connection_of(db)
-        postgres = connection.dialect.name == "postgresql"
+        postgres = numbers_in_select(connection)
         while self.pending:
             rows, params = self._take(postgres, _INSERTED_AT_ONCE)
             statement = _insert(len(rows), postgres)
@@ -377,7 +367,7 @@ class Outbox:
         locked before any other (the one lock order); each rider writes
         only under the condition it is given."""
         connection = connection_of(db)
-        if connection.dialect.name != "postgresql":
+        if not writes_in_ctes(connection):
             raise ValueError("flush_if needs Postgres; use a transaction and flush")
         if len(self.pending) > _INSERTED_AT_ONCE:
             raise ValueError(f"flush_if stores at most {_INSERTED_AT_ONCE} events")

@@ -7,7 +7,6 @@ from contextlib import contextmanager
 from functools import cached_property
 
 import redis
-from sqlalchemy import make_url
 from sqlalchemy.engine import Connection
 from sqlmodel import Session
 
@@ -15,6 +14,7 @@ from orchestrator.errors import ConfigurationError
 from orchestrator.events import Outbox, publish_live
 from orchestrator.settings import Settings
 from orchestrator.store.db import Pool, autocommit_scope, session_scope
+from orchestrator.store.dialect import url_is_postgres
 from schemas import Event
 
 
@@ -35,7 +35,7 @@ class Runtime:
     @cached_property
     def postgres(self) -> bool:
         """Is the database Postgres (whose statements SQLite cannot run)?"""
-        return make_url(self.settings.db_url).get_backend_name() == "postgresql"
+        return url_is_postgres(self.settings.db_url)
 
     @cached_property
     def pool(self) -> Pool:

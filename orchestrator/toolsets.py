@@ -38,7 +38,7 @@ from orchestrator.errors import (
 )
 from orchestrator.logs import treat_as_credentials
 from orchestrator.schematools import parameters_validator
-from orchestrator.specs import url_has_credentials
+from orchestrator.spec_checks import url_has_credentials
 from orchestrator.tools import Tool, ToolContext, run_with_timeout
 from schemas import ToolSpec
 from schemas.specs import NAME_PATTERN, TOOL_NAME_PATTERN

@@ -19,6 +19,7 @@ from sqlalchemy import String, any_, bindparam, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from orchestrator.runtime import Runtime
+from orchestrator.store.dialect import binds_arrays
 from orchestrator.store.tables import Turn, table
 from schemas import TurnStatus
 
@@ -115,7 +116,7 @@ class TurnEnds:
     def _ended(self, ids: list[str]) -> list[str]:
         ended: list[str] = []
         with self._runtime.autocommit() as connection:
-            statement = _ENDED_ANY if connection.dialect.name == "postgresql" else _ENDED_IN
+            statement = _ENDED_ANY if binds_arrays(connection) else _ENDED_IN
             for start in range(0, len(ids), CHUNK):
                 rows = connection.execute(statement, {"ids": ids[start : start + CHUNK]})
                 ended.extend(row[0] for row in rows)

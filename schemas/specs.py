@@ -32,6 +32,8 @@ HANDOFF_PREFIX = "handoff__"
 #: The built-in tool reading a cut tool output; an agent may list it in its
 #: ``tools`` to be offered it on every step (else only where one was cut).
 READ_TOOL_OUTPUT = "read_tool_output"
+#: The built-in tool an agent with an output schema gives its final answer with.
+FINAL_ANSWER = "final_answer"
 
 #: The tool of each field that names agents, by field.
 _AGENT_TOOL_PREFIXES = {"subagents": SUBAGENT_PREFIX, "handoffs": HANDOFF_PREFIX}
@@ -106,9 +108,9 @@ class AgentSpec(Frozen):
     ``model_settings`` are passed to litellm (``temperature``, ``api_base``,
     ...). Secrets never go here: litellm reads provider keys from the
     environment of the worker, and Chorus refuses credential keys when an
-    agent is declared or a job submitted (``orchestrator.specs``). A spec a
+    agent is declared or a job submitted (``orchestrator.spec_checks``). A spec a
     job supplies inline (not a registered agent) may only say how the model
-    samples, never where the call goes: ``orchestrator.specs.check_inline``.
+    samples, never where the call goes: ``orchestrator.spec_checks.check_inline``.
     """
 
     # an instance a caller built with model_copy(update=...) or model_construct

@@ -12,8 +12,8 @@ from orchestrator import engine
 from orchestrator.dispatch import dispatch
 from orchestrator.engine.actions import Action
 from orchestrator.engine.checkpoint import run_checkpoint
-from orchestrator.engine.failures import describe, fail_at, fail_call, is_transient
 from orchestrator.engine.step import new_lease_owner
+from orchestrator.engine.task_failures import describe, fail_at, fail_call, is_transient
 from orchestrator.logs import log_context
 from orchestrator.runtime import Runtime
 

@@ -6,7 +6,7 @@ in its ``toolsets``, a ``subagent__X`` tool for each of its
 ``subagents``, a ``handoff__X`` tool for each of its ``handoffs``,
 ``final_answer`` when it has an output schema, ``manage_todo_list``
 when it plans and ``read_tool_output`` when it has tools or servers
-(``orchestrator/engine/outputs.py``: offered where a prompt holds a cut
+(``orchestrator/engine/tool_outputs.py``: offered where a prompt holds a cut
 output, or on every step when the agent lists it in ``tools``). A call
 to anything else is answered with an error result and never runs.
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from orchestrator.engine.handoffs import is_handoff_call
-from orchestrator.engine.output import FINAL_ANSWER
-from orchestrator.engine.outputs import READ_TOOL_OUTPUT, reads_outputs
 from orchestrator.engine.planning import PLAN_TOOL
+from orchestrator.engine.structured_output import FINAL_ANSWER
 from orchestrator.engine.subagents import is_subagent_call
+from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, reads_outputs
 from schemas import AgentSpec
 from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
 

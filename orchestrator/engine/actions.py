@@ -45,7 +45,7 @@ class RunAdvance:
     end answers its parent's call outside any chord.
 
     ``if_ready``: needed only if no call of the segment is still out when
-    read after the answer's commit (:func:`~orchestrator.engine.settle.settle`
+    read after the answer's commit (:func:`~orchestrator.engine.after_commit.settle`
     drops it otherwise: of N children answering, the last one advances).
     Sent as is where nothing checks."""
 
@@ -64,7 +64,7 @@ class Dequeue:
 
     ``if_waiting``: needed only if the conversation's inbox holds a
     message when read after the commit that ended its turn
-    (:func:`~orchestrator.engine.settle.settle`). Sent as is where nothing
+    (:func:`~orchestrator.engine.after_commit.settle`). Sent as is where nothing
     checks."""
 
     conversation_id: str
@@ -79,7 +79,7 @@ class Revoke:
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class TakeCheckpoint:
     """Summarize a conversation in the background (task ``chorus.checkpoint``)."""
 
     conversation_id: str
@@ -97,7 +97,7 @@ class Deadline:
     priority: int
 
 
-Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | Checkpoint | Deadline
+Action = RunStep | RunSegment | RunAdvance | Dequeue | Revoke | TakeCheckpoint | Deadline
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,14 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlmodel import Session, col, select
 
 from orchestrator.engine.actions import Action, Deadline, Revoke
-from orchestrator.engine.budget import exceeded, job_of, lock_job, wall_time_left
+from orchestrator.engine.budget import exceeded, job_of, wall_time_left
 from orchestrator.engine.cursor import finish_turn
 from orchestrator.engine.subagents import is_subagent_call
 from orchestrator.errors import InvalidRequestError, ServiceUnavailableError
 from orchestrator.events import Outbox
 from orchestrator.keys import cancelled
 from orchestrator.runtime import Runtime
+from orchestrator.store.job_totals import lock_job
 from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
 from schemas import EventName, TurnStatus
 

@@ -17,14 +17,15 @@ from collections.abc import Callable
 from sqlalchemy import update
 from sqlmodel import Session, col
 
-from orchestrator.engine.actions import Action, Checkpoint
-from orchestrator.engine.budget import lock_job, record_paid
+from orchestrator.engine.actions import Action, TakeCheckpoint
+from orchestrator.engine.budget import record_paid
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
 from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.llm.call import complete, warm
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
+from orchestrator.store.job_totals import lock_job
 from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
 from schemas import (
     AgentSpec,
@@ -249,5 +250,5 @@ def run_checkpoint(rt: Runtime, conversation_id: str) -> list[Action]:
     try:
         take_checkpoint(rt, conversation_id)
     except RateLimited as limited:
-        return [Checkpoint(conversation_id, DEFAULT_PRIORITY, countdown=limited.wait)]
+        return [TakeCheckpoint(conversation_id, DEFAULT_PRIORITY, countdown=limited.wait)]
     return []

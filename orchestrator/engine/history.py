@@ -41,11 +41,11 @@ from sqlmodel import Session, col, select
 
 from orchestrator import context
 from orchestrator.context import TransformContext
-from orchestrator.engine.outputs import holds_view
+from orchestrator.engine.tool_outputs import holds_view
 from orchestrator.llm.call import openai_messages, system_message
 from orchestrator.ratelimit import json_chars
 from orchestrator.store.db import Db, connection_of
-from orchestrator.store.direct import execute
+from orchestrator.store.fast_executor import execute
 from orchestrator.store.tables import CheckpointRow, MessageRow, table
 from orchestrator.toolnames import alias
 from schemas import AgentSpec, Message, Role, Usage, content_blocks_adapter
@@ -147,16 +147,16 @@ _CONTENTS = select_columns(_MESSAGES.c.id, _MESSAGES.c.content).where(
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class CheckpointSummary:
     """What a step and the next checkpoint read of a conversation's latest one."""
 
     boundary_message_id: int
     summary: str
 
 
-def latest_checkpoint(session: Session, conversation_id: str) -> Checkpoint | None:
+def latest_checkpoint(session: Session, conversation_id: str) -> CheckpointSummary | None:
     row = session.execute(_LATEST_CHECKPOINT, {"b_conv": conversation_id}).first()
-    return None if row is None else Checkpoint(*row)
+    return None if row is None else CheckpointSummary(*row)
 
 
 # --- the per-process cache of stored messages -------------------------------
@@ -171,7 +171,8 @@ class Stored:
     sent: tuple[dict[str, Any], ...]
     #: Characters they take in the request's compact JSON, a comma after each.
     chars: int
-    #: Whether it holds a cut tool output's view (:func:`~orchestrator.engine.outputs.holds_view`).
+    #: Whether it holds a cut tool output's view
+    #: (:func:`~orchestrator.engine.tool_outputs.holds_view`).
     cut: bool = False
 
 

@@ -3,7 +3,7 @@
 ``send`` appends the message to the conversation's stream and asks for a
 dequeue. ``dequeue`` starts a turn for the oldest message when the
 conversation is idle; every turn's end asks for one again (a step's end
-only if the inbox holds a message: :mod:`orchestrator.engine.settle`). The turn's
+only if the inbox holds a message: :mod:`orchestrator.engine.after_commit`). The turn's
 idempotency key is the stream entry's id and the entry is deleted only
 after that turn is stored, so a worker dying between the two costs
 nothing: the next dequeue finds the turn already there, deletes the entry
@@ -38,7 +38,6 @@ from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from orchestrator.engine.actions import Action, Dequeue
-from orchestrator.engine.prebuilt import run
 from orchestrator.engine.turns import check_input, check_job_data, start_turn
 from orchestrator.errors import (
     ChorusError,
@@ -47,6 +46,7 @@ from orchestrator.errors import (
 )
 from orchestrator.keys import inbox, inboxes, inboxes_restored
 from orchestrator.runtime import Runtime
+from orchestrator.store.statements import run
 from orchestrator.store.tables import Conversation, EventRow, Turn, table
 from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest, MessageOptions
 

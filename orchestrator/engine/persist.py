@@ -17,34 +17,36 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session
 
 from orchestrator import registry
-from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
-from orchestrator.engine.budget import (
-    NO_MORE_TOOLS,
-    TREE_TOOL_CALLS,
-    JobRow,
-    lock_job,
-    record_paid,
-    record_usage,
-    roll_up,
-    tool_calls_left,
-    tree_params,
-)
+from orchestrator.engine.budget import record_paid, record_usage, tool_calls_left
 from orchestrator.engine.cursor import finish_turn, is_current, move_cursor
-from orchestrator.engine.handoffs import answer_handoff, is_handoff_call
-from orchestrator.engine.output import (
-    FINAL_ANSWER,
-    NUDGE,
-    as_output,
-    final_call,
-    problems,
-    rejection,
+from orchestrator.engine.handoffs import answer_handoff
+from orchestrator.engine.planning import update_plan
+from orchestrator.engine.reply_meaning import (
+    Finish,
+    GiveUp,
+    Handling,
+    Nudge,
+    PlannedCall,
+    ReplyMeaning,
+    RunCalls,
+    StepFacts,
+    ToolKind,
+    answered_in_step,
+    final_answer_errors,
+    reply_meaning,
+    spends_output_attempt,
 )
-from orchestrator.engine.planning import PLAN_TOOL, update_plan
-from orchestrator.engine.prebuilt import NewRow, message_params, new_row_params
-from orchestrator.engine.stepstatements import (
-    ADD_USAGE,
-    ADD_USAGE_AND_TREE,
+from orchestrator.engine.structured_output import NUDGE, final_call
+from orchestrator.engine.subagents import is_subagent_call, subagent_tool
+from orchestrator.errors import UnknownAgentError, UnknownToolError
+from orchestrator.events import ConversationIds, Outbox, TurnIds
+from orchestrator.llm.call import ModelReply
+from orchestrator.runtime import Runtime
+from orchestrator.store.db import Db
+from orchestrator.store.job_totals import TREE_TOOL_CALLS, JobRow, lock_job, tree_params
+from orchestrator.store.statements import NewRow, new_row_params
+from orchestrator.store.step_sql import (
     ATTEMPTS,
     OWNED,
     STEP_MOVE,
@@ -54,14 +56,8 @@ from orchestrator.engine.stepstatements import (
     LeasedTurn,
     batch_riders,
     release,
-    usage_with_message,
+    store_reply,
 )
-from orchestrator.engine.subagents import is_subagent_call, subagent_tool
-from orchestrator.errors import UnknownAgentError, UnknownToolError
-from orchestrator.events import ConversationIds, Outbox, TurnIds
-from orchestrator.llm.call import ModelReply
-from orchestrator.runtime import Runtime
-from orchestrator.store.db import Db, returns_joined_rows
 from orchestrator.store.tables import (
     Conversation,
     MessageRow,
@@ -76,7 +72,6 @@ from schemas import (
     EventName,
     TextBlock,
     ThinkingBlock,
-    ToolCallBlock,
     TurnStatus,
     Usage,
 )
@@ -100,51 +95,6 @@ def load_owned(
     if not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
         return None
     return conv, turn, job
-
-
-def _segments(
-    spec: AgentSpec, reply: ModelReply, offered: Collection[str]
-) -> list[tuple[int, bool, str]]:
-    """(segment, parallelizable, queue) per call: a maximal run of
-    parallelizable calls shares a segment, cut every ``max_parallel_tools``
-    calls when the agent sets it; each other call is its own. Only the
-    agent's own tools the step offered are looked up: any other call is refused."""
-    out: list[tuple[int, bool, str]] = []
-    segment, prev_parallel, size = -1, False, 0
-    cap = spec.max_parallel_tools
-    for call in reply.tool_calls:
-        parallel, queue = True, "tools"  # a call answered in the step (an error, a built-in)
-        if refusal(spec, call.tool, offered) is None:
-            try:
-                tool = (
-                    subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
-                    if is_subagent_call(call.tool)
-                    else registry.get_tool(call.tool).spec
-                )
-                parallel, queue = tool.parallelizable, tool.queue
-            except (UnknownToolError, UnknownAgentError):
-                pass
-        if not (parallel and prev_parallel) or (cap is not None and size >= cap):
-            segment, size = segment + 1, 0
-        prev_parallel, size = parallel, size + 1
-        out.append((segment, parallel, queue))
-    return out
-
-
-def _verdict(
-    spec: AgentSpec, reply: ModelReply, errors: list[str] | None, tools_allowed: bool
-) -> str:
-    """What this reply does to the turn: ``answer`` (ends it with text),
-    ``structured`` (ends it with a valid final answer), ``nudge`` (text
-    where a final answer is required) or ``tools`` (a batch to run). Once
-    the tool-call budget is spent, whatever the model says is its answer."""
-    if errors == []:
-        return "structured"
-    if not tools_allowed:
-        return "answer"
-    if reply.tool_calls:
-        return "tools"
-    return "nudge" if spec.output_schema is not None else "answer"
 
 
 def _output_attempts(session: Session, turn_id: str) -> int:
@@ -197,32 +147,31 @@ def _persist_owned(
             return None
         conv, turn, job = loaded
         spec = AgentSpec.model_validate(conv.agent_spec)
-        final = final_call(spec, reply.tool_calls)
-        errors = problems(spec, final.params) if final else None
-        verdict = _verdict(spec, reply, errors, tools_allowed)
-        if (verdict == "nudge" or errors) and _output_attempts(
-            session, turn_id
-        ) >= spec.output_retries:
-            verdict = "give-up"
+        errors = final_answer_errors(spec, reply)
+        spent = spends_output_attempt(spec, reply, errors, tools_allowed)
+        attempts = _output_attempts(session, turn_id) if spent else 0
         left = _tool_calls_left(session, conv, job)
-        cap = rt.settings.max_reply_tool_calls
-        runs = min(len(reply.tool_calls), cap) if verdict == "tools" else 0
-        runs = runs if left is None else min(runs, left)
+        facts = StepFacts(
+            tools_allowed,
+            offered,
+            _kinds(reply, offered),
+            left,
+            rt.settings.max_reply_tool_calls,
+            attempts,
+        )
+        meaning = reply_meaning(spec, reply, errors, facts)
+        runs = meaning.counted if isinstance(meaning, RunCalls) else 0
         totals = _add_usage(session, outbox, conv, (turn, job), step, reply, clocks, runs)
-        if verdict == "tools":
-            actions = _record_calls(
-                session, outbox, conv, turn, spec, step, reply, totals, (errors, left, cap), offered
-            )
-        elif verdict == "nudge":
-            actions = _nudge(session, conv, turn_id, step, totals)
-        else:
-            actions = _end(session, outbox, conv, turn, spec, verdict, reply, final, errors, totals)
+        actions = _apply(session, outbox, (conv, turn), meaning, step, totals)
         if actions is None:  # another copy moved the cursor first
             outbox.discard()
             session.rollback()
             return None
     log.info(
-        "step %d: model answered with %d tool calls (%s)", step, len(reply.tool_calls), verdict
+        "step %d: model answered with %d tool calls (%s)",
+        step,
+        len(reply.tool_calls),
+        type(meaning).__name__,
     )
     return actions
 
@@ -305,7 +254,7 @@ def _add_usage(
     conversation, the tree totals are one update of the turn's row: the
     conversation's row, locked first, is the root's, which orders every
     writer of the job's turn. Any other step takes the root's row
-    (:func:`~orchestrator.engine.budget.lock_job`) before it writes a turn:
+    (:func:`~orchestrator.store.job_totals.lock_job`) before it writes a turn:
     a job on a subagent's conversation writes its own turn and then the
     tree totals on that same turn, and a stop locks the root's row, then
     the job's turn."""
@@ -314,23 +263,14 @@ def _add_usage(
     own = _usage_params(turn.id, step, usage)
     own.update(tree_params(usage, tool_calls))
     jobs_own = job.id == turn.id  # its usage and the tree totals: one update of the row
-    # on its root, the job's turn's writers are ordered by the root's row, locked first
-    combined = jobs_own and conv.id == conv.root_id
     # Core: the turn object keeps its loaded usage and totals (nothing
     # reads them after this); its step count is what the turn's end reads.
     # On Postgres the message's INSERT, and off the root the root's lock
     # and the roll-up, ride on the usage's UPDATE.
     message = _assistant_message(conv.id, turn.id, step, reply)
-    if returns_joined_rows(session):
-        statement = usage_with_message(jobs_own, lock=not combined)
-        session.execute(statement, {**message_params(message), **own, "b_job": job.id})
-    else:
-        if not combined:  # the root's row before any turn's: the one lock order
-            lock_job(session, job.id)
-        session.execute(STORE_MESSAGE, message)
-        session.execute(ADD_USAGE_AND_TREE if jobs_own else ADD_USAGE, own)
-        if not jobs_own:
-            roll_up(session, job.id, usage, tool_calls, locked=True)
+    store_reply(
+        session, message, own, (job.id, jobs_own, conv.id == conv.root_id), (usage, tool_calls)
+    )
     set_committed_value(turn, "steps", step + 1)
     _record_reply(outbox, conv, turn, step, reply, clocks)
     return {
@@ -433,8 +373,28 @@ def _one_statement(
         and job.id == turn.id
         and tool_calls_left(job) is None
         and final_call(spec, reply.tool_calls) is None
-        and not any(_answered_here(spec, call.tool) for call in reply.tool_calls)
+        and not any(answered_in_step(spec, call.tool) for call in reply.tool_calls)
     )
+
+
+def _kinds(reply: ModelReply, offered: Collection[str]) -> dict[str, ToolKind]:
+    """What the registry says of the reply's called tools that the step
+    offered (:data:`~orchestrator.engine.reply_meaning.ToolKind`): a
+    registered tool's, or a subagent template's."""
+    kinds: dict[str, ToolKind] = {}
+    for call in reply.tool_calls:
+        if call.tool not in offered or call.tool in kinds:
+            continue
+        try:
+            tool = (
+                subagent_tool(call.tool.removeprefix(SUBAGENT_PREFIX))
+                if is_subagent_call(call.tool)
+                else registry.get_tool(call.tool).spec
+            )
+        except (UnknownToolError, UnknownAgentError):
+            continue
+        kinds[call.tool] = (tool.parallelizable, tool.queue)
+    return kinds
 
 
 def _store_batch(
@@ -455,6 +415,9 @@ def _store_batch(
     What :func:`persist` stores in a transaction, in one round trip."""
     conversation_id, turn_id, step = ids
     conv, turn, spec = lease
+    facts = StepFacts(True, offered, _kinds(reply, offered), None, rt.settings.max_reply_tool_calls)
+    meaning = reply_meaning(spec, reply, None, facts)
+    assert isinstance(meaning, RunCalls)  # see _one_statement
     outbox = Outbox()
     _record_reply(outbox, conv, turn, step, reply, clocks)
     usage = reply.usage
@@ -463,13 +426,11 @@ def _store_batch(
         "b_step": step,
         "b_owner": owner,
         **_usage_params(turn_id, step, usage),
-        **tree_params(usage, len(reply.tool_calls)),
+        **tree_params(usage, meaning.counted),
     }
     message = _assistant_message(conversation_id, turn_id, step, reply)
     with rt.autocommit() as connection:
-        rows, tasks = _call_rows(
-            connection, outbox, (conv, turn), spec, step, reply, (None, None, None), offered
-        )
+        rows, tasks = _call_rows(connection, outbox, (conv, turn), step, meaning)
         new: list[NewRow] = [(MessageRow, message), *((ToolCallRow, row) for row in rows)]
         params.update(new_row_params(new))
         stored = outbox.flush_if(connection, STEP_MOVE, params, batch_riders(len(rows)))
@@ -477,33 +438,55 @@ def _store_batch(
         record_superseded(rt, conversation_id, turn_id, step, reply)
         return []
     rt.publish(outbox)
-    log.info("step %d: model answered with %d tool calls (tools)", step, len(reply.tool_calls))
+    log.info("step %d: model answered with %d tool calls (RunCalls)", step, len(reply.tool_calls))
     return [RunSegment(conversation_id, turn_id, step, 0, tuple(tasks), conv.priority)]
+
+
+def _apply(
+    session: Session,
+    outbox: Outbox,
+    where: tuple[Conversation, Turn],
+    meaning: ReplyMeaning,
+    step: int,
+    totals: dict[str, Any],
+) -> list[Action] | None:
+    """Store what the reply means (:func:`reply_meaning`) with the cursor's
+    move; None if another copy moved the cursor first."""
+    conv, turn = where
+    match meaning:
+        case RunCalls():
+            return _record_calls(session, outbox, where, step, meaning, totals)
+        case Nudge():
+            return _nudge(session, conv, turn.id, step, totals)
+        case Finish(output=output, structured=structured):
+            if structured is not None:
+                turn.structured = structured
+            return finish_turn(
+                session, outbox, conv, turn, TurnStatus.COMPLETED, output=output, **totals
+            )
+        case GiveUp(error=error):
+            return finish_turn(
+                session, outbox, conv, turn, TurnStatus.FAILED, error=error, **totals
+            )
 
 
 def _record_calls(
     session: Session,
     outbox: Outbox,
-    conv: Conversation,
-    turn: Turn,
-    spec: AgentSpec,
+    where: tuple[Conversation, Turn],
     step: int,
-    reply: ModelReply,
+    meaning: RunCalls,
     totals: dict[str, Any],
-    checks: tuple[list[str] | None, int | None, int | None],
-    offered: Collection[str],
 ) -> list[Action] | None:
-    """Store the tool calls, segment by segment, and return segment 0 to run.
-    A rejected final answer, a call to a tool the step did not offer, a
-    call past the job's tool-call budget or past the calls one reply may
-    make (``checks``: the final answer's errors, the calls the job has
-    left, the reply's cap), is stored with its error result and not run; a
-    plan or handoff call is answered here (:func:`_answer_here`)."""
+    """Store the tool calls, segment by segment, and return segment 0 to run
+    (a refused call is stored with its error result; a plan or handoff
+    call is answered here: :func:`_answer_here`)."""
+    conv, turn = where
     if not move_cursor(
         session, conv, cursor_segment=0, lease_owner=None, lease_until=None, **totals
     ):
         return None
-    rows, tasks = _call_rows(session, outbox, (conv, turn), spec, step, reply, checks, offered)
+    rows, tasks = _call_rows(session, outbox, where, step, meaning)
     session.execute(STORE_CALLS, rows)
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
@@ -512,47 +495,34 @@ def _call_rows(
     db: Db,
     outbox: Outbox,
     where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
-    spec: AgentSpec,
     step: int,
-    reply: ModelReply,
-    checks: tuple[list[str] | None, int | None, int | None],
-    offered: Collection[str],
+    meaning: RunCalls,
 ) -> tuple[list[dict[str, Any]], list[ToolTask]]:
-    """The rows of the reply's tool calls, with their events, and the
-    tasks of segment 0. ``checks``: the final answer's errors, the tool
-    calls the job has left and the reply's cap (see :func:`_record_calls`)."""
+    """The rows of the batch's tool calls, with their events, and the
+    tasks of segment 0."""
     conv, turn = where
-    errors, left, cap = checks
     tasks: list[ToolTask] = []
     handed: list[str] = []  # the batch's handoff target, once one is accepted
     rows: list[dict[str, Any]] = []  # stored with one INSERT (Core: no ORM objects)
-    for position, (call, (segment, parallel, queue)) in enumerate(
-        zip(reply.tool_calls, _segments(spec, reply, offered), strict=True)
-    ):
+    for position, planned in enumerate(meaning.calls):
+        call = planned.call
         row: dict[str, Any] = {
             "id": new_id(),
             "conversation_id": conv.id,
             "turn_id": turn.id,
             "step": step,
             "position": position,
-            "segment": segment,
+            "segment": planned.segment,
             "tool_request_id": call.tool_request_id,
             "tool": call.tool,
             "params": call.params,
-            "parallelizable": parallel,
-            "queue": queue,
+            "parallelizable": planned.parallelizable,
+            "queue": planned.queue,
             "status": "pending",
             "result": None,  # JSON null, as the ORM stored it
             "is_error": False,
             "finished_at": None,
         }
-        refused = refusal(spec, call.tool, offered)
-        if call.tool == FINAL_ANSWER and errors is not None:
-            refused = rejection(errors)
-        elif refused is None and left is not None and position >= left:
-            refused = f"Error: not run: {NO_MORE_TOOLS}"
-        if cap is not None and position >= cap:
-            refused = f"Error: not run: one reply may make at most {cap} tool calls"
         outbox.record(
             EventName.SUBAGENT_REQUESTED
             if is_subagent_call(call.tool)
@@ -563,13 +533,9 @@ def _call_rows(
             tool=call.tool,
             tool_request_id=call.tool_request_id,
             params=call.params,
-            segment=segment,
+            segment=planned.segment,
         )
-        answer = (
-            (refused, True)
-            if refused is not None
-            else _answer_here(db, outbox, where, spec, row, handed)
-        )
+        answer = _answer_here(db, outbox, where, planned, row, handed)
         if answer is not None:
             row["result"], row["is_error"] = answer
             row["status"] = "failed" if row["is_error"] else "completed"
@@ -583,38 +549,42 @@ def _call_rows(
                 tool_request_id=call.tool_request_id,
                 result=row["result"],
             )
-        elif segment == 0:
-            tasks.append(ToolTask(row["id"], call.tool, queue))
+        elif planned.segment == 0:
+            tasks.append(ToolTask(row["id"], call.tool, planned.queue))
         rows.append(row)
     return rows, tasks
-
-
-def _answered_here(spec: AgentSpec, tool: str) -> bool:
-    """Is a call of ``tool`` one the step answers itself (:func:`_answer_here`)?"""
-    return (tool == PLAN_TOOL and spec.planning) or is_handoff_call(tool)
 
 
 def _answer_here(
     db: Db,
     outbox: Outbox,
     where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
-    spec: AgentSpec,
+    planned: PlannedCall,
     row: dict[str, Any],
     handed: list[str],
 ) -> tuple[Any, bool] | None:
-    """The result of a built-in call the step answers itself, in its own
-    transaction (a plan update, a handoff), or None for a call to run.
-    Only Chorus's own rows change, with the cursor's move: exactly once.
-    ``row``: the call's column values (a transient row is made of them
-    for the answering function; :func:`_record_calls` stores them)."""
-    if not _answered_here(spec, row["tool"]):
-        return None
-    if is_handoff_call(row["tool"]):
-        return answer_handoff(ToolCallRow(**row), handed)
-    conv, turn = where
-    # see _one_statement: a plan update is in a transaction, of the rows it locked
-    assert isinstance(conv, Conversation) and isinstance(turn, Turn) and isinstance(db, Session)
-    return update_plan(db, outbox, conv, turn, ToolCallRow(**row))
+    """The result of a call the step answers itself (a refusal, a plan
+    update, a handoff), or None for a call to run. Only Chorus's own rows
+    change, with the cursor's move: exactly once. ``row``: the call's
+    column values (a transient row is made of them for the answering
+    function; :func:`_call_rows` stores them)."""
+    match planned.handling:
+        case Handling.RUN:
+            return None
+        case Handling.REFUSE:
+            assert planned.error is not None
+            return planned.error, True
+        case Handling.HAND_OFF:
+            return answer_handoff(ToolCallRow(**row), handed)
+        case Handling.UPDATE_PLAN:
+            conv, turn = where
+            # see _one_statement: a plan update is in a transaction, of the rows it locked
+            assert (
+                isinstance(conv, Conversation)
+                and isinstance(turn, Turn)
+                and isinstance(db, Session)
+            )
+            return update_plan(db, outbox, conv, turn, ToolCallRow(**row))
 
 
 def _nudge(
@@ -643,43 +613,3 @@ def _nudge(
         },
     )
     return [RunStep(conv.id, turn_id, step + 1, conv.priority)]
-
-
-def _end(
-    session: Session,
-    outbox: Outbox,
-    conv: Conversation,
-    turn: Turn,
-    spec: AgentSpec,
-    verdict: str,
-    reply: ModelReply,
-    final: ToolCallBlock | None,
-    errors: list[str] | None,
-    totals: dict[str, Any],
-) -> list[Action] | None:
-    if verdict == "structured":
-        assert final is not None
-        turn.structured = final.params
-        return finish_turn(
-            session,
-            outbox,
-            conv,
-            turn,
-            TurnStatus.COMPLETED,
-            output=as_output(final.params),
-            **totals,
-        )
-    if verdict == "give-up":
-        reason = rejection(errors) if errors else "no final_answer call"
-        return finish_turn(
-            session,
-            outbox,
-            conv,
-            turn,
-            TurnStatus.FAILED,
-            error=f"no valid structured output after {spec.output_retries + 1} attempts: {reason}",
-            **totals,
-        )
-    return finish_turn(
-        session, outbox, conv, turn, TurnStatus.COMPLETED, output=reply.text, **totals
-    )

@@ -18,22 +18,14 @@ from sqlmodel import select
 
 from orchestrator import registry, toolsets
 from orchestrator.engine.actions import Action, Revoke, RunStep
-from orchestrator.engine.budget import (
-    NO_MORE_TOOLS,
-    JobRow,
-    exceeded,
-    tool_calls_left,
-)
+from orchestrator.engine.after_commit import settle
+from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, tool_calls_left
 from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn
 from orchestrator.engine.handoffs import handoff_tool
 from orchestrator.engine.history import model_prompt
 from orchestrator.engine.lease import heartbeat
-from orchestrator.engine.output import (
-    final_answer_tool,
-)
-from orchestrator.engine.outputs import READ_TOOL_OUTPUT, read_output_tool
 from orchestrator.engine.persist import (
     load_owned,
     persist,
@@ -41,19 +33,11 @@ from orchestrator.engine.persist import (
     record_unstored,
 )
 from orchestrator.engine.planning import plan_tool
-from orchestrator.engine.prebuilt import run
-from orchestrator.engine.settle import settle
-from orchestrator.engine.stepstatements import (
-    DEFERRED,
-    LEASED,
-    TAKE_ALONE,
-    TAKE_JOINED,
-    LeasedConversation,
-    LeasedTurn,
-    leased,
-    release,
+from orchestrator.engine.structured_output import (
+    final_answer_tool,
 )
 from orchestrator.engine.subagents import subagent_tool
+from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, read_output_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import ConversationIds, DeltaBatcher, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
@@ -61,8 +45,15 @@ from orchestrator.logs import StreamRedaction, bind, redact
 from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import Db, connection_of, returns_joined_rows
-from orchestrator.store.direct import execute
+from orchestrator.store.db import Db
+from orchestrator.store.job_totals import JobRow
+from orchestrator.store.step_sql import (
+    LeasedConversation,
+    LeasedTurn,
+    deferred_until,
+    release_lease,
+    take_lease,
+)
 from orchestrator.store.tables import (
     EventRow,
     utcnow,
@@ -95,40 +86,10 @@ def new_lease_owner() -> str:
 def _take_lease(
     rt: Runtime, ids: tuple[str, str, int], owner: str
 ) -> tuple[LeasedConversation, LeasedTurn, JobRow] | None:
-    """Take the model-call lease if the cursor is at this step, no live lease
-    is held by another copy and the job is not being stopped: one statement,
-    committed on its own, that returns what the step reads of the
-    conversation, the turn and the job's turn (its budget and totals).
-    None: this copy leaves."""
-    conversation_id, turn_id, step = ids
-    params = {
-        "b_conv": conversation_id,
-        "b_turn": turn_id,
-        "b_step": step,
-        "b_owner": owner,
-        "b_lease": rt.settings.lease_seconds,
-    }
+    """Take the model-call lease (:func:`~orchestrator.store.step_sql.take_lease`),
+    committed on its own. None: this copy leaves."""
     with rt.autocommit() as connection:
-        if returns_joined_rows(connection):
-            found = run(connection, TAKE_JOINED, params).first()
-        elif run(connection, TAKE_ALONE, params).first() is not None:
-            found = run(connection, LEASED, params).first()
-        else:
-            found = None
-        return None if found is None else leased(found)
-
-
-def _release_lease(
-    db: Db, conversation_id: str, owner: str | None = None, due_in: float | None = None
-) -> None:
-    """Give the model-call lease up (only if ``owner`` holds it, when given),
-    deferring the step ``due_in`` seconds in the same update. A Core
-    update: a conversation object the session holds keeps its loaded
-    lease (nothing reads it after a release)."""
-    params: dict[str, Any] = {"b_conv": conversation_id, "b_due_in": due_in}
-    if owner is not None:
-        params["b_owner"] = owner
-    execute(connection_of(db), release(owner is not None, due_in is not None), params)
+        return take_lease(connection, ids, owner, rt.settings.lease_seconds)
 
 
 def _deferred(rt: Runtime, ids: tuple[str, str, int]) -> list[Action]:
@@ -136,9 +97,8 @@ def _deferred(rt: Runtime, ids: tuple[str, str, int]) -> list[Action]:
     below the broker's visibility timeout, or it is a redelivered copy) sends
     the step again for the time left, and leaves."""
     conversation_id, turn_id, step = ids
-    params = {"b_conv": conversation_id, "b_turn": turn_id, "b_step": step}
     with rt.autocommit() as connection:
-        found = run(connection, DEFERRED, params).first()
+        found = deferred_until(connection, ids)
     if found is None:
         return []
     due_at, now, priority = found
@@ -187,7 +147,7 @@ def _defer(db: Db, conv: _Position, countdown: float, owner: str | None = None) 
     take a countdown longer than the stall timeout for a lost task; return
     the step to send with that countdown."""
     assert conv.turn_id is not None
-    _release_lease(db, conv.id, owner, due_in=countdown)
+    release_lease(db, conv.id, owner, due_in=countdown)
     return RunStep(conv.id, conv.turn_id, conv.cursor_step, conv.priority, countdown=countdown)
 
 
@@ -218,7 +178,7 @@ def _give_up_lease(
         return
     try:
         with rt.autocommit() as connection:
-            _release_lease(connection, ids[0], owner)
+            release_lease(connection, ids[0], owner)
     except Exception:  # the database itself may be what failed; the lease then expires
         log.warning("could not release the lease of %s", ids[0], exc_info=True)
 
@@ -270,7 +230,7 @@ def _run_step(
     over = exceeded(job)
     if over is not None:
         with rt.autocommit() as connection:
-            _release_lease(connection, conversation_id, owner)
+            release_lease(connection, conversation_id, owner)
         job_id = job.id
     else:
         tools_allowed = tool_calls_left(job) != 0

@@ -18,20 +18,20 @@ from sqlmodel import Session
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunAdvance, RunStep
 from orchestrator.engine.history import copy_messages
-from orchestrator.engine.prebuilt import insert_new, new_row_params, new_rows_if, run
-from orchestrator.engine.subagentstatements import (
-    CallerConversation,
-    CallerTurn,
-    ConversationRef,
-    TurnRef,
-    answer_call,
-)
-from orchestrator.engine.toolstatements import CallFields
 from orchestrator.errors import InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.runtime import Runtime
-from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.dialect import writes_in_ctes
+from orchestrator.store.statements import insert_new, new_row_params, new_rows_if, run
+from orchestrator.store.subagent_sql import (
+    CallerConversation,
+    CallerTurn,
+    ConversationRef,
+    TurnEventRef,
+    answer_call,
+)
 from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
+from orchestrator.store.tool_call_sql import CallFields
 from schemas import AgentSpec, ConversationState, EventName, TextBlock, ToolSpec, TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
 
@@ -122,7 +122,7 @@ def _insert_child(
     call_id, conversation, first_turn, message = child
     params = {"where_id": job_id, "max_children": rt.settings.max_children, "call_id": call_id}
     rows = ((Conversation, conversation), (Turn, first_turn), (MessageRow, message))
-    if returns_joined_rows(session) and not fork:
+    if writes_in_ctes(session) and not fork:
         params.update(new_row_params(rows))
         taken = outbox.flush_if(session, _TAKE_SLOT, params, _child_rows)
     else:
@@ -156,7 +156,7 @@ def start_child(
     """Create the child conversation and its turn; a ChorusError means the
     call is answered at once with an error result instead. ``caller``: the
     call's turn, its conversation and that conversation's agent. The caller
-    holds the lock of the job's root row (:func:`~orchestrator.engine.budget.lock_job`),
+    holds the lock of the job's root row (:func:`~orchestrator.store.job_totals.lock_job`),
     taken before it claimed the call: the one lock order.
 
     The child's rows are inserted from their values (no entities: nothing
@@ -169,7 +169,7 @@ def start_child(
     child_spec, task, fork = _child_request(spec, call)
     _check_depth(rt, conv)
     child = ConversationRef(new_id(), conv.root_id)
-    child_turn = TurnRef(new_id(), turn.correlation_id)  # the job's, as the parent's
+    child_turn = TurnEventRef(new_id(), turn.correlation_id)  # the job's, as the parent's
     conversation = {
         "id": child.id,
         "root_id": conv.root_id,

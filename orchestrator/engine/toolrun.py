@@ -13,15 +13,21 @@ from orchestrator import registry
 from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
 from orchestrator.engine.cancel import cancel_watch
-from orchestrator.engine.outputs import READ_TOOL_OUTPUT, archives, read_output
 from orchestrator.engine.subagents import is_subagent_call, start_child
-from orchestrator.engine.subagentstatements import (
+from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, archives, read_output
+from orchestrator.errors import ChorusError, InvalidRequestError
+from orchestrator.events import Outbox
+from orchestrator.logs import bind, redact
+from orchestrator.runtime import Runtime
+from orchestrator.store.dialect import writes_in_ctes
+from orchestrator.store.subagent_sql import (
     CallerConversation,
     CallerTurn,
     claim_call,
     read_call,
 )
-from orchestrator.engine.toolstatements import (
+from orchestrator.store.tables import CALL_FINISHED
+from orchestrator.store.tool_call_sql import (
     RESULT,
     CallFields,
     Claimed,
@@ -31,12 +37,6 @@ from orchestrator.engine.toolstatements import (
     claim,
     result_params,
 )
-from orchestrator.errors import ChorusError, InvalidRequestError
-from orchestrator.events import Outbox
-from orchestrator.logs import bind, redact
-from orchestrator.runtime import Runtime
-from orchestrator.store.db import returns_joined_rows
-from orchestrator.store.tables import CALL_FINISHED
 from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools import STOP_POLL, ToolContext, ToolStopped
 from schemas import AgentSpec, EventName, TurnStatus
@@ -152,13 +152,13 @@ def run_tool(
     view_chars = limit if archives(call.tool, result, limit) else None
 
     with rt.autocommit() as connection:
-        postgres = returns_joined_rows(connection)
-        if postgres:  # the result and its events: one statement, one round trip
+        together = writes_in_ctes(connection)
+        if together:  # the result and its events: one statement, one round trip
             _record_completion(started, call, turn, conv, result, is_error, view_chars)
             stored = started.flush_if(
                 connection, RESULT, result_params(call.id, result, is_error, view_chars)
             )
-    if not postgres:
+    if not together:
         with rt.transaction(started) as (session, outbox):
             if not _store_result(session, outbox, call, turn, conv, result, is_error, view_chars):
                 outbox.discard()  # another copy finished it: no tool.started either
@@ -199,7 +199,7 @@ def _bind(call: CallFields, turn: TurnFields, conv: ConversationFields) -> None:
 def _claim(rt: Runtime, call_id: str, task_id: str | None) -> Claimed | None:
     """Mark the call running, unless it has its result, its turn has ended,
     its job is being stopped, or it is a subagent call: one conditional
-    update committed on its own (:func:`orchestrator.engine.toolstatements.claim`).
+    update committed on its own (:func:`orchestrator.store.tool_call_sql.claim`).
     Returns what the task reads of the call, its turn and its conversation."""
     with rt.autocommit() as connection:
         return claim(connection, call_id, task_id)
@@ -209,7 +209,7 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
     """Claim a subagent call and start its child, in one transaction (a
     claimed call always has its child or its error result). The call, its
     turn, its job's stop mark and its conversation are one read of the
-    columns used (:func:`orchestrator.engine.subagentstatements.read_call`).
+    columns used (:func:`orchestrator.store.subagent_sql.read_call`).
     None: the call names no subagent."""
     with rt.transaction() as (session, outbox):
         found = read_call(session, call_id)

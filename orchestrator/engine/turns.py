@@ -16,11 +16,11 @@ from orchestrator.engine.actions import Action, Deadline, RunStep
 from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
-from orchestrator.engine.prebuilt import NewRow, insert_new, run
 from orchestrator.errors import ConversationBusyError, InvalidRequestError, UnknownAgentError
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings
-from orchestrator.specs import check_inline, check_spec
+from orchestrator.spec_checks import check_inline, check_spec
+from orchestrator.store.statements import NewRow, insert_new, run
 from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
 from orchestrator.store.values import check
 from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest, TextBlock
@@ -28,7 +28,7 @@ from schemas.jobs import MAX_CONTEXT_BYTES
 
 
 @dataclass(frozen=True)
-class TurnRef:
+class JobRef:
     """Identity of a started (or found) turn: the job's handle."""
 
     job_id: str
@@ -40,7 +40,7 @@ def resolve_agent(agent: str | AgentSpec) -> AgentSpec:
     """The registered agent of that name, or an inline spec, once everything
     it names exists (tools, subagents, handoff targets, context
     transformers, checkpoint strategy, in it and in the agents it names) and its settings pass
-    :func:`~orchestrator.specs.check_spec`: a spec that would fail every
+    :func:`~orchestrator.spec_checks.check_spec`: a spec that would fail every
     step is refused here, at submit."""
     spec = registry.get_agent(agent) if isinstance(agent, str) else agent
     _check_tree(spec, set())
@@ -61,7 +61,7 @@ def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
 
 def check_inline_agent(settings: Settings, agent: str | AgentSpec) -> None:
     """An inline spec (one that is not the registered agent of its name)
-    may not say where its model calls go: :func:`~orchestrator.specs.check_inline`
+    may not say where its model calls go: :func:`~orchestrator.spec_checks.check_inline`
     with ``CHORUS_MODEL_ENDPOINTS``. A registered agent is the workers' own
     configuration and passes."""
     if isinstance(agent, str):
@@ -114,11 +114,11 @@ _BY_KEY = select(_TURNS.c.id, _TURNS.c.conversation_id, _TURNS.c.root_id).where(
 )
 
 
-def _existing(session: Session, key: str | None) -> TurnRef | None:
+def _existing(session: Session, key: str | None) -> JobRef | None:
     if key is None:
         return None
     found = run(session, _BY_KEY, {"key": key}).first()
-    return TurnRef(found.id, found.conversation_id, found.root_id) if found else None
+    return JobRef(found.id, found.conversation_id, found.root_id) if found else None
 
 
 class _Ids(NamedTuple):
@@ -132,7 +132,7 @@ class _Ids(NamedTuple):
 
 def start_turn(
     rt: Runtime, request: JobRequest, *, queued_entry: str | None = None
-) -> tuple[TurnRef, list[Action]]:
+) -> tuple[JobRef, list[Action]]:
     """Store the user's input as a new turn and return the step to run.
 
     Submitting again with the same idempotency key returns the first turn
@@ -192,7 +192,7 @@ def start_turn(
         if found is None:
             raise
         return found, []
-    ref = TurnRef(turn.id, conv.id, conv.root_id)
+    ref = JobRef(turn.id, conv.id, conv.root_id)
     actions: list[Action] = [RunStep(conv.id, turn.id, 0, request.priority)]
     if budget is not None and budget.wall_seconds is not None:
         # A task held for longer than the visibility timeout is delivered

@@ -12,7 +12,7 @@ the provider, base URL and key and mapped the parameters, because litellm's
 stream wrapper costs ~8 ms CPU a call more. ``CHORUS_MODEL_CLIENT=litellm``
 keeps every call on litellm's path. Both paths read the stream with
 :func:`orchestrator.llm.reply.read_stream` and raise the same
-:class:`~orchestrator.errors.ModelError` (:mod:`orchestrator.llm.failures`).
+:class:`~orchestrator.errors.ModelError` (:mod:`orchestrator.llm.provider_errors`).
 
 Every call streams (``stream=True``) with ``stream_options={"include_usage":
 True}``: litellm never rejects ``stream_options`` for any provider (it is in
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ConfigurationError, ModelError
 from orchestrator.llm import openai_stream
-from orchestrator.llm.failures import is_retryable, translating
+from orchestrator.llm.provider_errors import is_retryable, translating
 from orchestrator.llm.reply import INVALID_ARGUMENTS_KEY, ModelReply, parse_arguments, read_stream
 from orchestrator.toolnames import alias
 from schemas.content import (

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.llm.failures import translating
+from orchestrator.llm.provider_errors import translating
 
 if TYPE_CHECKING:
     from types import ModuleType

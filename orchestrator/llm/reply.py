@@ -16,7 +16,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.llm.failures import translating
+from orchestrator.llm.provider_errors import translating
 from orchestrator.store.values import storable, storable_text, too_deep
 from schemas.content import ToolCallBlock, Usage
 

@@ -8,7 +8,7 @@ two calls, a worker after a quiet spell), where a server restart is the
 likely thing to have happened meanwhile. A connection that dropped while in
 use raises a disconnect: SQLAlchemy invalidates the pool's older
 connections, and the task that met it is retried as a transient failure
-(``engine/failures.py``, ``workers/tasks.py``).
+(``engine/task_failures.py``, ``workers/tasks.py``).
 """
 
 from __future__ import annotations
@@ -177,13 +177,6 @@ def connection_of(db: Db) -> Connection:
     """The connection ``db`` runs its statements on (a session's, in its
     transaction)."""
     return db.connection() if isinstance(db, Session) else db
-
-
-def returns_joined_rows(db: Db) -> bool:
-    """Can an ``UPDATE … FROM`` return the rows of the tables it joins?
-    Postgres can; SQLite returns only the updated table's columns."""
-    bind = db.get_bind() if isinstance(db, Session) else db
-    return bind.dialect.name == "postgresql"
 
 
 @contextmanager

@@ -193,7 +193,7 @@ class ToolCallRow(SQLModel, table=True):
     result: Any = _json()
     #: Set when the result passed the agent's ``tool_output_limit``: the
     #: row keeps it whole (advance clears every other result) and the model
-    #: saw a view of this many characters (``orchestrator/engine/outputs.py``).
+    #: saw a view of this many characters (``orchestrator/engine/tool_outputs.py``).
     view_chars: int | None = None
     is_error: bool = False
     attempts: int = 0

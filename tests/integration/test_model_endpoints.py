@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from orchestrator import Agent, Client, SettingNotAllowedError, Settings, UserError
-from orchestrator.specs import check_inline
+from orchestrator.spec_checks import check_inline
 from schemas import AgentSpec
 from tests.loopback_llm import LoopbackLLM
 

@@ -1,11 +1,11 @@
 """An inline spec's endpoint must be under one CHORUS_MODEL_ENDPOINTS lists,
-and read the same way by every URL parser (orchestrator.specs)."""
+and read the same way by every URL parser (orchestrator.spec_checks)."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.specs import endpoint_listed
+from orchestrator.spec_checks import endpoint_listed
 
 ENDPOINTS = ["http://127.0.0.1", "https://llm.internal:8443/v1"]
 

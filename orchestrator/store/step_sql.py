@@ -24,16 +24,27 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import select as select_columns
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
-from orchestrator.engine.budget import JOB_ROW_COLUMNS, LOCK_JOB, ROLL_UP, TREE_TOTALS, JobRow
-from orchestrator.engine.output import FINAL_ANSWER
-from orchestrator.engine.prebuilt import MESSAGE_VALUES, new_rows_if
-from orchestrator.events import Riders
 from orchestrator.store.clock import db_now
+from orchestrator.store.db import Db, connection_of
+from orchestrator.store.dialect import returns_joined_rows, writes_in_ctes
+from orchestrator.store.fast_executor import execute
+from orchestrator.store.job_totals import (
+    JOB_ROW_COLUMNS,
+    LOCK_JOB,
+    ROLL_UP,
+    TREE_TOTALS,
+    JobRow,
+    lock_job,
+    roll_up,
+)
+from orchestrator.store.statements import MESSAGE_VALUES, Riders, message_params, new_rows_if, run
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
-from schemas import ConversationState
+from schemas import ConversationState, Usage
+from schemas.specs import FINAL_ANSWER
 
 _CONVERSATIONS = table(Conversation)
 _TURNS = table(Turn)
@@ -84,7 +95,7 @@ DEFERRED = select_columns(_CONVERSATIONS.c.due_at, db_now(), _CONVERSATIONS.c.pr
     *_AT_STEP, ~_NOT_DEFERRED
 )
 
-#: The model-call lease (:func:`~orchestrator.engine.step._take_lease`).
+#: The model-call lease (:func:`take_lease`).
 _TAKE = (
     update(_CONVERSATIONS)
     .where(
@@ -103,7 +114,7 @@ _TAKE = (
     .values(lease_owner=bindparam("b_owner"), lease_until=db_now(bindparam("b_lease")))
 )
 #: The columns of :class:`LeasedConversation`, :class:`LeasedTurn` and the
-#: job's :class:`~orchestrator.engine.budget.JobRow`, in order (labelled:
+#: job's :class:`~orchestrator.store.job_totals.JobRow`, in order (labelled:
 #: the three tables share column names).
 _LEASED = (
     *(_CONVERSATIONS.c[c].label(f"c_{c}") for c in LeasedConversation._fields),
@@ -166,7 +177,7 @@ ATTEMPTS = select_columns(
 STORE_MESSAGE = insert(_MESSAGES)
 STORE_CALLS = insert(_TOOL_CALLS)
 
-#: The turn's own usage of one model call (:func:`~orchestrator.engine.persist._add_usage`).
+#: The turn's own usage of one model call (:func:`store_reply`).
 _OWN_USAGE: dict[str, Any] = {
     "steps": bindparam("b_steps"),
     "input_tokens": _TURNS.c.input_tokens + bindparam("b_input"),
@@ -188,10 +199,10 @@ def usage_with_message(tree: bool, lock: bool = False) -> Update:
     statement, one round trip.
 
     ``lock``, for a step not on its job's root conversation: the job's root
-    row is locked first (:data:`~orchestrator.engine.budget.LOCK_JOB`, a
+    row is locked first (:data:`~orchestrator.store.job_totals.LOCK_JOB`, a
     CTE the update's condition waits on, so it runs before the update
     touches the turn), and for a turn that is not the job's own (``tree``
-    False) the job's tree totals (:data:`~orchestrator.engine.budget.ROLL_UP`)
+    False) the job's tree totals (:data:`~orchestrator.store.job_totals.ROLL_UP`)
     are a further CTE, run after the update: the root's row, the turn's,
     then the job's turn, the one lock order, in one statement where there
     were three."""
@@ -235,7 +246,7 @@ def batch_riders(calls: int) -> Riders:
     """The rest of :data:`STEP_MOVE`'s statement, for a batch of ``calls``:
     the turn's usage and the job's tree totals (a job's own turn on its
     root: one row), the assistant message and the calls
-    (:func:`~orchestrator.engine.prebuilt.new_row_params`), each written
+    (:func:`~orchestrator.store.statements.new_row_params`), each written
     only if the move took (``moved``)."""
 
     def riders(moved: ColumnElement[bool]) -> tuple[Insert | Update, ...]:
@@ -250,7 +261,7 @@ def batch_riders(calls: int) -> Riders:
 
 @cache
 def release(owned: bool, deferred: bool) -> Update:
-    """The statement of :func:`~orchestrator.engine.step._release_lease`, built once per form: by
+    """The statement of :func:`release_lease`, built once per form: by
     owner or not, and whether it defers the step ``b_due_in`` seconds (the
     database's clock)."""
     where = [_CONVERSATIONS.c.id == bindparam("b_conv")]
@@ -258,3 +269,86 @@ def release(owned: bool, deferred: bool) -> Update:
         where.append(_CONVERSATIONS.c.lease_owner == bindparam("b_owner"))
     values: dict[str, Any] = {"due_at": db_now(bindparam("b_due_in"))} if deferred else {}
     return update(_CONVERSATIONS).where(*where).values(lease_owner=None, lease_until=None, **values)
+
+
+# --- named operations: what the engine calls ----------------------------------
+
+
+def take_lease(
+    connection: Connection, ids: tuple[str, str, int], owner: str, seconds: float
+) -> tuple[LeasedConversation, LeasedTurn, JobRow] | None:
+    """Take the model-call lease of step ``ids`` (conversation, turn, step)
+    for ``owner`` for ``seconds``, if the cursor is at that step, no live
+    lease is held by another copy, the step is not deferred past now and
+    the job is not being stopped, and read what the step reads of the
+    conversation, the turn and the job's turn. One statement on Postgres
+    (:data:`TAKE_JOINED`); on SQLite the lease, then :data:`LEASED`. Each
+    commits on its own in an autocommit ``connection``. None: not taken."""
+    conversation_id, turn_id, step = ids
+    params = {
+        "b_conv": conversation_id,
+        "b_turn": turn_id,
+        "b_step": step,
+        "b_owner": owner,
+        "b_lease": seconds,
+    }
+    if returns_joined_rows(connection):
+        found = run(connection, TAKE_JOINED, params).first()
+    elif run(connection, TAKE_ALONE, params).first() is not None:
+        found = run(connection, LEASED, params).first()
+    else:
+        found = None
+    return None if found is None else leased(found)
+
+
+def release_lease(
+    db: Db, conversation_id: str, owner: str | None = None, due_in: float | None = None
+) -> None:
+    """Give the model-call lease up (only if ``owner`` holds it, when given),
+    deferring the step ``due_in`` seconds in the same update (:func:`release`).
+    A Core update: a conversation object a session holds keeps its loaded
+    lease (nothing reads it after a release)."""
+    params: dict[str, Any] = {"b_conv": conversation_id, "b_due_in": due_in}
+    if owner is not None:
+        params["b_owner"] = owner
+    execute(connection_of(db), release(owner is not None, due_in is not None), params)
+
+
+def deferred_until(connection: Connection, ids: tuple[str, str, int]) -> Sequence[Any] | None:
+    """When step ``ids`` is due, the database's time and the conversation's
+    priority, if the step is deferred past now (:data:`DEFERRED`); else None."""
+    conversation_id, turn_id, step = ids
+    params = {"b_conv": conversation_id, "b_turn": turn_id, "b_step": step}
+    return run(connection, DEFERRED, params).first()
+
+
+def store_reply(
+    session: Session,
+    message: dict[str, Any],
+    usage: dict[str, Any],
+    job: tuple[str, bool, bool],
+    rolled_up: tuple[Usage, int],
+) -> None:
+    """Store a step's assistant ``message`` and add its ``usage`` (the
+    parameters of :data:`ADD_USAGE` and of
+    :data:`~orchestrator.store.job_totals.TREE_TOTALS`) to its turn and to
+    the job's tree totals. ``job``: the job's turn's id, whether the turn
+    is the job's own, and whether the step's conversation is the job's
+    root (whose row, locked already, orders the job's turn's writers);
+    ``rolled_up``: the usage and tool calls a turn that is not the job's
+    own adds to the job's totals. On Postgres one statement
+    (:func:`usage_with_message`); on SQLite the root's lock if needed, the
+    message, the turn's usage and the roll-up, in that order (the one lock
+    order)."""
+    job_id, jobs_own, on_root = job
+    combined = jobs_own and on_root
+    if writes_in_ctes(session):
+        statement = usage_with_message(jobs_own, lock=not combined)
+        session.execute(statement, {**message_params(message), **usage, "b_job": job_id})
+        return
+    if not combined:  # the root's row before any turn's: the one lock order
+        lock_job(session, job_id)
+    session.execute(STORE_MESSAGE, message)
+    session.execute(ADD_USAGE_AND_TREE if jobs_own else ADD_USAGE, usage)
+    if not jobs_own:
+        roll_up(session, job_id, *rolled_up, locked=True)

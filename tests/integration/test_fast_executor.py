@@ -1,4 +1,4 @@
-"""Hot statements run on the driver's connection (``orchestrator.store.direct``)
+"""Hot statements run on the driver's connection (``orchestrator.store.fast_executor``)
 give what SQLAlchemy gives: the same rows and types, the same exceptions,
 a dropped connection invalidated, and listeners that see every statement."""
 
@@ -15,11 +15,11 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.types import TypeDecorator
 
 from orchestrator import Client, Settings
-from orchestrator.engine.failures import is_transient
-from orchestrator.engine.prebuilt import run
+from orchestrator.engine.task_failures import is_transient
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import get_engine
-from orchestrator.store.direct import execute, runs_directly
+from orchestrator.store.fast_executor import execute, runs_directly
+from orchestrator.store.statements import run
 from orchestrator.store.tables import Conversation, MessageRow, table, utcnow
 from tests.conftest import WorkerProcess
 

@@ -11,7 +11,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.pool import QueuePool
 
-from orchestrator.engine.failures import describe, is_transient
+from orchestrator.engine.task_failures import describe, is_transient
 
 
 def _wrapped(inner: BaseException) -> Exception:

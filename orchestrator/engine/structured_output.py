@@ -21,8 +21,8 @@ import jsonschema
 from orchestrator.errors import PatternTimeoutError
 from orchestrator.patterns import limited
 from schemas import AgentSpec, ToolCallBlock, ToolSpec
+from schemas.specs import FINAL_ANSWER
 
-FINAL_ANSWER = "final_answer"
 #: CPU seconds one validation of an answer may take. A schema a job supplies
 #: can make it exponential without a pattern: nine ``$defs`` each applying
 #: the next ten times (``allOf``) took 10**9 keyword checks for one string.

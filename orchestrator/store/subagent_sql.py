@@ -6,7 +6,7 @@ per call through the ORM, with the call, its turn and its conversation
 loaded as entities (all their JSON columns), these were most of a child's
 start. Built once here against the tables, with ``bindparam``s, they run
 with a dict of parameters and return only the columns that are read, as
-plain tuples (:mod:`orchestrator.engine.prebuilt`).
+plain tuples (:mod:`orchestrator.store.statements`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 from sqlalchemy import bindparam, exists, func, select, true, update
 from sqlmodel import Session
 
-from orchestrator.engine.budget import LOCK_JOB, lock_job
-from orchestrator.engine.prebuilt import run, unfinished
-from orchestrator.engine.toolstatements import ClaimedCall
-from orchestrator.store.db import returns_joined_rows
+from orchestrator.store.dialect import returns_joined_rows
+from orchestrator.store.job_totals import LOCK_JOB, lock_job
+from orchestrator.store.statements import run, unfinished
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
+from orchestrator.store.tool_call_sql import ClaimedCall
 
 
 class SubagentCall(NamedTuple):
@@ -65,7 +65,7 @@ class ConversationRef(NamedTuple):
     root_id: str
 
 
-class TurnRef(NamedTuple):
+class TurnEventRef(NamedTuple):
     """A turn's ids, as its events name them."""
 
     id: str
@@ -77,7 +77,7 @@ class Answered(NamedTuple):
     the parent's event and its advance need."""
 
     conversation: ConversationRef
-    turn: TurnRef
+    turn: TurnEventRef
     priority: int
     step: int
     segment: int
@@ -199,7 +199,7 @@ def claim_call(
     session: Session, call_id: str, task_id: str | None, job_id: str
 ) -> ClaimedCall | None:
     """Lock the root row of the job ``job_id``
-    (:func:`~orchestrator.engine.budget.lock_job`), then mark the call
+    (:func:`~orchestrator.store.job_totals.lock_job`), then mark the call
     running, in the session's transaction: one statement on Postgres. None
     if the call has its result already."""
     params = {
@@ -242,5 +242,5 @@ def answer_call(
         parent: tuple[Any, ...] = tuple(run(session, _PARENT, ids).one())
         root_id, correlation_id, priority = parent
         values = (conversation_id, root_id, turn_id, correlation_id, priority, *rest)
-    conversation, turn = ConversationRef(*values[0:2]), TurnRef(*values[2:4])
+    conversation, turn = ConversationRef(*values[0:2]), TurnEventRef(*values[2:4])
     return Answered._make((conversation, turn, *values[4:]))

@@ -17,10 +17,10 @@ from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import bindparam, func, select, true, update
 
-from orchestrator.engine.prebuilt import unfinished
-from orchestrator.events import ConversationIds, TurnIds
-from orchestrator.store.db import Db, connection_of, returns_joined_rows
-from orchestrator.store.direct import execute
+from orchestrator.store.db import Db, connection_of
+from orchestrator.store.dialect import returns_joined_rows
+from orchestrator.store.fast_executor import execute
+from orchestrator.store.statements import unfinished
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
 from schemas import TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
@@ -44,15 +44,27 @@ class CallFields(Protocol):
     def step(self) -> int: ...
 
 
-class TurnFields(TurnIds, Protocol):
-    """What the tool task reads of the call's turn."""
+class TurnFields(Protocol):
+    """What the tool task reads of the call's turn (its events' ids, too:
+    :class:`orchestrator.events.TurnIds`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def correlation_id(self) -> str: ...
 
     @property
     def context_data(self) -> dict[str, Any]: ...
 
 
-class ConversationFields(ConversationIds, Protocol):
-    """What the tool task reads of the call's conversation."""
+class ConversationFields(Protocol):
+    """What the tool task reads of the call's conversation (its events'
+    ids, too: :class:`orchestrator.events.ConversationIds`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def root_id(self) -> str: ...
 
     @property
     def agent_spec(self) -> dict[str, Any]: ...

@@ -28,9 +28,9 @@ import logging
 from sqlalchemy import bindparam, exists, select
 
 from orchestrator.engine.actions import Action, Dequeue, RunAdvance
-from orchestrator.engine.prebuilt import run, unfinished
 from orchestrator.keys import inbox
 from orchestrator.runtime import Runtime
+from orchestrator.store.statements import run, unfinished
 from orchestrator.store.tables import ToolCallRow, table
 
 log = logging.getLogger(__name__)

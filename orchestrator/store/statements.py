@@ -19,6 +19,7 @@ from sqlalchemy import (
     ColumnElement,
     Executable,
     Insert,
+    Update,
     bindparam,
     insert,
     literal,
@@ -28,14 +29,21 @@ from sqlalchemy import (
 from sqlmodel import Session, SQLModel
 
 from orchestrator.store.db import Db, connection_of
-from orchestrator.store.direct import Rows, execute
+from orchestrator.store.dialect import writes_in_ctes
+from orchestrator.store.fast_executor import Rows, execute
 from orchestrator.store.tables import CALL_FINISHED, MessageRow, table
+
+#: Further writes of a guarded flush (:meth:`orchestrator.events.Outbox.flush_if`): given the
+#: condition "the guard changed a row", the statements that run, as
+#: data-modifying CTEs, under it. Built once (a module-level or cached
+#: function): it is part of the statement's cache key.
+Riders = Callable[[ColumnElement[bool]], tuple[Insert | Update, ...]]
 
 
 def run(db: Db, statement: Executable, params: Mapping[str, Any]) -> Rows:
     """Execute ``statement`` in ``db``'s transaction, or on its own in an
     autocommit connection (on the driver's connection:
-    :func:`orchestrator.store.direct.execute`).
+    :func:`orchestrator.store.fast_executor.execute`).
 
     A session's pending changes are flushed first, as an ORM statement's
     autoflush would: the statements reach the database in the same order,
@@ -68,7 +76,7 @@ def insert_new(session: Session, *rows: NewRow) -> None:
     order. Raises the database's error (an ``IntegrityError`` on a unique
     key) as separate INSERTs would."""
     full = [filled(model, values) for model, values in rows]
-    if len(rows) > 1 and session.get_bind().dialect.name == "postgresql":
+    if len(rows) > 1 and writes_in_ctes(session):
         shape, params = _shared([model for model, _ in rows], full)
         run(session, _insert_all(shape), params)
         return
