@@ -1385,3 +1385,29 @@ Agent(
     scripted_model("retry-later"),
     retry=RetryPolicy(initial_delay=10.0, jitter=0.0, max_attempts=3),
 )
+
+
+# --- Policies (tests/integration/test_policies.py) ---------------------------
+
+from orchestrator.policies import Defer, ModelCall, register_policy  # noqa: E402
+from orchestrator.policies import policy as declare_policy  # noqa: E402
+from tests.readme import FallbackAfter5xx  # noqa: E402
+
+#: The README's fallback policy, falling back to a second loopback model.
+LOOPBACK_FALLBACK = "openai/loopback-fallback"
+register_policy("fallback-loopback", FallbackAfter5xx(fallback=LOOPBACK_FALLBACK))
+POLICY_BOOM = "policy boom 7f3a"
+
+
+@declare_policy("explode")
+def explode(call: ModelCall) -> ModelCall:
+    """A policy with a bug: it raises on every call."""
+    raise RuntimeError(POLICY_BOOM)
+
+
+@declare_policy("hold-while-file")
+def hold_while_file(call: ModelCall) -> ModelCall | Defer:
+    """Defers the call for half a second while the file named by the job's
+    ``context_data["hold"]`` exists (durable state outside the process)."""
+    held = call.context_data.get("hold")
+    return Defer(0.5, "held") if held and Path(held).exists() else call

@@ -17,12 +17,16 @@ from orchestrator.store.clock import db_now
 from orchestrator.store.tables import Conversation, Turn, table, utcnow
 from schemas import ConversationState, EventName, TurnStatus
 
+#: What every move resets: the sweeper's re-dispatch count, a deferral of
+#: the old position and its failed model calls (the retry count).
+_MOVED: dict[str, Any] = {"redispatches": 0, "step_failures": 0, "due_at": None}
+
 
 def move_cursor(session: Session, conv: Conversation, **values: Any) -> bool:
     """``UPDATE … WHERE version = :v``: True for exactly one of any racing copies.
 
     A move is progress: the stall clock restarts, the sweeper's re-dispatch
-    count and any deferral of the old position are cleared. ``values`` are
+    count, any deferral of the old position and its retry count are cleared. ``values`` are
     plain values (no SQL expressions); ``conv`` shows them once moved.
     """
     return _move(session, conv, values)
@@ -38,7 +42,7 @@ def _move(
     that end it), the turn is ended too, only if the cursor moved: in the
     same statement on Postgres (the move as a CTE: the conversation's row
     first, the one lock order)."""
-    values = {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
+    values = {**_MOVED, "progress_at": utcnow(), **values}
     params = {"where_id": conv.id, "where_version": conv.version, **_set_params(values)}
     statement = _by_version(tuple(values))
     together = ending is not None and session.get_bind().dialect.name == "postgresql"
@@ -74,7 +78,7 @@ def move_from(
     """The compare-and-set of :func:`move_cursor_from`: its statement (one
     object per set of columns) and its parameters."""
     turn_id, step, segment = position
-    values = {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
+    values = {**_MOVED, "progress_at": utcnow(), **values}
     params = {
         "where_id": conversation_id,
         "where_turn_id": turn_id,

@@ -54,6 +54,8 @@ class LeasedConversation(NamedTuple):
     turn_id: str
     cursor_step: int
     priority: int
+    step_failures: int
+    step_failure_log: list[dict[str, Any]] | None
 
 
 class LeasedTurn(NamedTuple):
@@ -221,6 +223,7 @@ STEP_MOVE = (
         lease_owner=None,
         lease_until=None,
         redispatches=0,
+        step_failures=0,
         due_at=None,
         progress_at=db_now(),
         input_tokens=_CONVERSATIONS.c.input_tokens + bindparam("b_input"),
@@ -249,12 +252,19 @@ def batch_riders(calls: int) -> Riders:
 
 
 @cache
-def release(owned: bool, deferred: bool) -> Update:
+def release(owned: bool, deferred: bool, failed: bool = False) -> Update:
     """The statement of :func:`~orchestrator.engine.step._release_lease`, built once per form: by
-    owner or not, and whether it defers the step ``b_due_in`` seconds (the
-    database's clock)."""
+    owner or not, whether it defers the step ``b_due_in`` seconds (the
+    database's clock) and whether it records a failed model call: the retry
+    count ``b_failures`` and the failure log ``b_failure_log``
+    (:mod:`~orchestrator.engine.callpolicies`), in the same update."""
     where = [_CONVERSATIONS.c.id == bindparam("b_conv")]
     if owned:
         where.append(_CONVERSATIONS.c.lease_owner == bindparam("b_owner"))
     values: dict[str, Any] = {"due_at": db_now(bindparam("b_due_in"))} if deferred else {}
+    if failed:
+        values["step_failures"] = bindparam("b_failures")
+        values["step_failure_log"] = bindparam(
+            "b_failure_log", type_=_CONVERSATIONS.c.step_failure_log.type
+        )
     return update(_CONVERSATIONS).where(*where).values(lease_owner=None, lease_until=None, **values)
