@@ -1389,7 +1389,7 @@ Agent(
 
 # --- Policies (tests/integration/test_policies.py) ---------------------------
 
-from orchestrator.policies import Defer, ModelCall, register_policy  # noqa: E402
+from orchestrator.policies import Defer, ModelCall, Policy, Stop, ToolCall, register_policy  # noqa: E402
 from orchestrator.policies import policy as declare_policy  # noqa: E402
 from tests.readme import FallbackAfter5xx  # noqa: E402
 
@@ -1411,3 +1411,15 @@ def hold_while_file(call: ModelCall) -> ModelCall | Defer:
     ``context_data["hold"]`` exists (durable state outside the process)."""
     held = call.context_data.get("hold")
     return Defer(0.5, "held") if held and Path(held).exists() else call
+
+
+@declare_policy("guard-add")
+class GuardAdd(Policy):
+    """Refuses ``add`` with ``a`` over 100; caps ``b`` at 10 (a rewrite)."""
+
+    def before_tool(self, call: ToolCall) -> ToolCall | Stop:
+        if call.tool != "add":
+            return call
+        if call.params.get("a", 0) > 100:
+            return Stop("sums over 100 need a human")
+        return call.rewrite(params={**call.params, "b": min(call.params.get("b", 0), 10)})

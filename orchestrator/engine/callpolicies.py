@@ -1,7 +1,8 @@
-"""The step's side of the policy seam (:mod:`orchestrator.policies`): the
+"""The engine's side of the policy seam (:mod:`orchestrator.policies`): the
 :class:`~orchestrator.policies.ModelCall` a step's policies see, built from
-what the step read as it took its lease, and the durable record of a failed
-call that the next attempt's policies see.
+what the step read as it took its lease, the durable record of a failed
+call that the next attempt's policies see, and the
+:class:`~orchestrator.policies.ToolCall` a tool run's policies see.
 
 The retry count is the conversation's ``step_failures`` column (reset by
 every cursor move); each failure is also logged in ``step_failure_log``
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 
 from orchestrator.errors import ModelError
 from orchestrator.logs import redact
-from orchestrator.policies import Failure, ModelCall, Stop
+from orchestrator.policies import Failure, ModelCall, Stop, ToolCall
 from orchestrator.policies.retry import Retry
 from schemas import AgentSpec
 
@@ -81,3 +82,41 @@ def stop_error(policy: str, stop: Stop) -> str:
     if policy == Retry.name:
         return redact(stop.reason)
     return redact(f"policy {policy!r} stopped the model call: {stop.reason}")
+
+
+class _Call(Protocol):
+    """What :func:`tool_call` reads of a claimed call."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def tool(self) -> str: ...
+    @property
+    def params(self) -> dict[str, Any]: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+
+
+def tool_call(
+    spec: AgentSpec, call: _Call, turn: tuple[str, dict[str, Any]], conversation_id: str
+) -> ToolCall:
+    """The tool call a run's policies see. ``turn``: its id and ``context_data``."""
+    turn_id, context_data = turn
+    return ToolCall(
+        agent=spec,
+        conversation_id=conversation_id,
+        turn_id=turn_id,
+        step=call.step,
+        context_data=context_data,
+        tool=call.tool,
+        params=call.params,
+        call_id=call.id,
+        attempt=call.attempts,
+    )
+
+
+def tool_refusal(policy: str, stop: Stop) -> str:
+    """The error result of a tool call ``policy`` refused."""
+    return redact(f"Error: tool call refused by policy {policy!r}: {stop.reason}")

@@ -1,10 +1,11 @@
 """Policies: hooks around each model call, built in and the users' own.
 
-A policy may admit a call as it is, rewrite it (model, messages,
+A policy may admit a model call as it is, rewrite it (model, messages,
 settings), defer it (the step is sent again with a countdown, never a
 sleep), stop it (the turn fails with the reason) or observe its reply or
-failure. Register one by name in a module the workers import and list it
-on an agent::
+failure; around each tool run it may rewrite the arguments, refuse the
+call (the model gets an error result) or observe the result. Register
+one by name in a module the workers import and list it on an agent::
 
     from orchestrator.policies import ModelCall, Policy, policy
 
@@ -28,7 +29,7 @@ from orchestrator.policies.registry import (
     register_policy,
 )
 from orchestrator.policies.retry import Retry, retry_delay
-from orchestrator.policies.seam import Defer, Failure, ModelCall, Policy, Stop
+from orchestrator.policies.seam import Defer, Failure, ModelCall, Policy, Stop, ToolCall
 
 __all__ = [
     "Defer",
@@ -38,6 +39,7 @@ __all__ = [
     "Policy",
     "Retry",
     "Stop",
+    "ToolCall",
     "check_policies",
     "get_policy",
     "policy",

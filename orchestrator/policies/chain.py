@@ -17,7 +17,7 @@ from orchestrator.llm.reply import ModelReply
 from orchestrator.logs import redact
 from orchestrator.policies.registry import get_policy
 from orchestrator.policies.retry import Retry
-from orchestrator.policies.seam import Defer, ModelCall, Policy, Stop
+from orchestrator.policies.seam import Defer, ModelCall, Policy, Stop, ToolCall
 from orchestrator.specs import refuse_credentials, url_has_credentials
 from schemas import AgentSpec
 
@@ -90,6 +90,29 @@ def on_model_failure(
         _check_decision(policy, decided)
         return policy.name, decided
     raise AssertionError("the built-in retry always decides")  # pragma: no cover
+
+
+def before_tool(policies: Sequence[Policy], call: ToolCall) -> tuple[str, ToolCall | Stop]:
+    """Run every ``before_tool`` hook in order: the call to run (its params
+    as they rewrote them) or the first :class:`Stop`, with its policy's name."""
+    for policy in policies:
+        decided: Any = _guarded(policy, "before_tool", policy.before_tool, call)
+        if isinstance(decided, Stop):
+            return policy.name, decided
+        if not (isinstance(decided, ToolCall) and isinstance(decided.params, dict)):
+            raise PolicyError(
+                policy.name,
+                f"before_tool returned {type(decided).__name__}: return the call "
+                "(call.rewrite(params=...) to change it) or Stop",
+            )
+        call = decided
+    return "", call
+
+
+def after_tool(policies: Sequence[Policy], call: ToolCall, result: Any, is_error: bool) -> None:
+    """Run every ``after_tool`` hook, the last listed first."""
+    for policy in reversed(policies):
+        _guarded(policy, "after_tool", policy.after_tool, call, result, is_error)
 
 
 def _check_decision(policy: Policy, decided: Defer | Stop) -> None:

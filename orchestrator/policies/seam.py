@@ -107,6 +107,38 @@ class ModelCall:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A tool call about to run (or just run), as policies see it.
+
+    Attributes:
+        agent: the spec of the agent whose model made the call.
+        conversation_id, turn_id, step: where the call is.
+        context_data: the job's ``context_data``.
+        tool: the tool's registered (qualified) name.
+        params: the arguments the tool gets (:meth:`rewrite` to change
+            them; the stored call keeps what the model sent).
+        call_id: the call's id, the same for every run of it (the tool's
+            idempotency key).
+        attempt: which run of the call this is (a run whose process died is
+            run again).
+    """
+
+    agent: AgentSpec
+    conversation_id: str
+    turn_id: str
+    step: int
+    context_data: Mapping[str, Any]
+    tool: str
+    params: dict[str, Any]
+    call_id: str
+    attempt: int
+
+    def rewrite(self, *, params: dict[str, Any]) -> ToolCall:
+        """This call with other arguments."""
+        return replace(self, params=params)
+
+
+@dataclass(frozen=True)
 class Defer:
     """Send the call later: the step ends and is sent again ``seconds`` from
     now (a countdown in the broker, the due time recorded: no worker slot
@@ -118,7 +150,9 @@ class Defer:
 
 @dataclass(frozen=True)
 class Stop:
-    """Do not call the model: the turn fails with ``reason``."""
+    """Do not call the model: the turn fails with ``reason``. From
+    :meth:`Policy.before_tool`: the tool does not run and the model gets
+    an error result with ``reason``."""
 
     reason: str
 
@@ -136,6 +170,11 @@ class Policy:
       later), :class:`Stop` (fail the turn) or None (let the next one
       decide). If none decides, the built-in retry does (:class:`Retry`).
 
+    * :meth:`before_tool`, a then b, in the tools worker: return the call
+      (as is or with rewritten params) or :class:`Stop` (the tool does not
+      run; the model gets an error result).
+    * :meth:`after_tool`, b then a: observe the result.
+
     A hook that raises fails the turn with a
     :class:`~orchestrator.errors.PolicyError` naming the policy.
     """
@@ -150,4 +189,10 @@ class Policy:
         return None
 
     def on_model_failure(self, call: ModelCall, error: ModelError) -> Defer | Stop | None:
+        return None
+
+    def before_tool(self, call: ToolCall) -> ToolCall | Stop:
+        return call
+
+    def after_tool(self, call: ToolCall, result: Any, is_error: bool) -> None:
         return None

@@ -15,7 +15,7 @@ from orchestrator.store.tables import Conversation
 from schemas import AgentSpec, EventName, TextBlock
 from schemas.specs import RetryPolicy
 from tests.agents import LOOPBACK_FALLBACK, POLICY_BOOM
-from tests.conftest import WorkerProcess
+from tests.conftest import WorkerProcess, tool_calls
 from tests.loopback_llm import LoopbackLLM
 
 pytestmark = pytest.mark.integration
@@ -157,3 +157,26 @@ def _due_at(client: Client, conversation_id: str) -> Any:
     with client.runtime.session() as session:
         conv = session.get(Conversation, conversation_id)
         return None if conv is None else conv.due_at
+
+
+def test_a_tool_policy_rewrites_arguments_or_refuses_the_call(client: Client, workers: Any) -> None:
+    # Given an agent whose policy caps add's b at 10 and refuses a over 100
+    with LoopbackLLM() as server:
+        server.enqueue_tool_calls([("add", {"a": 2, "b": 40}), ("add", {"a": 200, "b": 1})])
+        server.enqueue_text("Done.")
+        spec = agent(server, "guard-add").model_copy(update={"tools": ("add",)})
+
+        # When the model calls add twice
+        job = client.submit(spec, "add things")
+        assert job.result(timeout=60) == "Done."
+
+    # Then the first ran with the rewritten arguments, the second did not run
+    results = [m["content"] for m in server.requests[1]["messages"] if m["role"] == "tool"]
+    assert results == [
+        "12",
+        "Error: tool call refused by policy 'guard-add': sums over 100 need a human",
+    ]
+    # and the stored calls keep what the model sent
+    calls = tool_calls(client, job.id)
+    assert [c.params for c in calls] == [{"a": 2, "b": 40}, {"a": 200, "b": 1}]
+    assert [c.is_error for c in calls] == [False, True]

@@ -15,12 +15,19 @@ from orchestrator.policies import (
     ModelCall,
     Policy,
     Stop,
+    ToolCall,
     get_policy,
     policy,
     register_policy,
     retry_delay,
 )
-from orchestrator.policies.chain import after_model, before_model, on_model_failure
+from orchestrator.policies.chain import (
+    after_model,
+    after_tool,
+    before_model,
+    before_tool,
+    on_model_failure,
+)
 from schemas import AgentSpec
 from schemas.specs import RetryPolicy
 
@@ -169,3 +176,33 @@ def test_policies_register_by_name_as_functions_or_classes() -> None:
         register_policy("unit-class", Raises())
     with pytest.raises(ConfigurationError, match="policy name"):
         register_policy("not a name", Raises())
+
+
+def test_tool_hooks_rewrite_in_order_and_the_first_stop_refuses() -> None:
+    seen: list[str] = []
+
+    class Tagger(Policy):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def before_tool(self, call: ToolCall) -> ToolCall | Stop:
+            seen.append(f"before {self.tag} {call.params}")
+            return call.rewrite(params={**call.params, self.tag: True})
+
+        def after_tool(self, call: ToolCall, result: Any, is_error: bool) -> None:
+            seen.append(f"after {self.tag}")
+
+    tool = ToolCall(AGENT, "c", "t", 0, {}, "add", {"a": 1}, "call-1", 1)
+    name, run = before_tool([Tagger("x"), Tagger("y")], tool)
+    assert name == "" and isinstance(run, ToolCall)
+    after_tool([Tagger("x"), Tagger("y")], run, 3, False)
+    assert run.params == {"a": 1, "x": True, "y": True} and tool.params == {"a": 1}
+    assert seen == ["before x {'a': 1}", "before y {'a': 1, 'x': True}", "after y", "after x"]
+
+    refuser = Recorder("r", [])
+    refuser.name = "refuser"
+    refuser.before_tool = lambda call: Stop("no")  # type: ignore[method-assign]
+    assert before_tool([refuser, Tagger("z")], tool) == ("refuser", Stop("no"))
+    refuser.before_tool = lambda call: None  # type: ignore[method-assign]
+    with pytest.raises(PolicyError, match="before_tool returned NoneType"):
+        before_tool([refuser], tool)
