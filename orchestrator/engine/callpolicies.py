@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from orchestrator.engine.toolstatements import CallFields
 from orchestrator.errors import ModelError
 from orchestrator.logs import redact
 from orchestrator.policies import Failure, ModelCall, Stop, ToolCall
@@ -84,23 +85,8 @@ def stop_error(policy: str, stop: Stop) -> str:
     return redact(f"policy {policy!r} stopped the model call: {stop.reason}")
 
 
-class _Call(Protocol):
-    """What :func:`tool_call` reads of a claimed call."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def tool(self) -> str: ...
-    @property
-    def params(self) -> dict[str, Any]: ...
-    @property
-    def attempts(self) -> int: ...
-    @property
-    def step(self) -> int: ...
-
-
 def tool_call(
-    spec: AgentSpec, call: _Call, turn: tuple[str, dict[str, Any]], conversation_id: str
+    spec: AgentSpec, call: CallFields, turn: tuple[str, dict[str, Any]], conversation_id: str
 ) -> ToolCall:
     """The tool call a run's policies see. ``turn``: its id and ``context_data``."""
     turn_id, context_data = turn
