@@ -16,10 +16,12 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from orchestrator.engine.toolstatements import CallFields
-from orchestrator.errors import ModelError
+from orchestrator.errors import ModelError, PolicyError
 from orchestrator.logs import redact
-from orchestrator.policies import Failure, ModelCall, Stop, ToolCall
+from orchestrator.policies import Defer, Failure, ModelCall, Stop, ToolCall
+from orchestrator.policies.chain import before_model, policies_of
 from orchestrator.policies.retry import Retry
+from orchestrator.ratelimit import RateLimited
 from schemas import AgentSpec
 
 #: The most failures :func:`failure_log` keeps (the latest).
@@ -106,3 +108,37 @@ def tool_call(
 def tool_refusal(policy: str, stop: Stop) -> str:
     """The error result of a tool call ``policy`` refused."""
     return redact(f"Error: tool call refused by policy {policy!r}: {stop.reason}")
+
+
+def checkpoint_call(
+    spec: AgentSpec,
+    conversation_id: str,
+    turn: tuple[str, dict[str, Any]],
+    step: int,
+    prompt: list[dict[str, Any]],
+) -> ModelCall:
+    """A checkpoint's summarizer call through the agent's policies (they
+    see ``checkpoint=True``): the call to make. A deferral raises
+    :class:`~orchestrator.ratelimit.RateLimited` (the checkpoint is tried
+    again then, like one over a rate limit), a stop
+    :class:`~orchestrator.errors.PolicyError`."""
+    turn_id, context_data = turn
+    call = ModelCall(
+        agent=spec,
+        conversation_id=conversation_id,
+        turn_id=turn_id,
+        step=step,
+        context_data=context_data,
+        attempt=1,
+        failures=(),
+        model=spec.model,
+        messages=prompt,
+        settings=spec.model_settings,
+        checkpoint=True,
+    )
+    policy, decided = before_model(policies_of(spec), call)
+    if isinstance(decided, Defer):
+        raise RateLimited(decided.seconds)
+    if isinstance(decided, Stop):
+        raise PolicyError(policy, f"stopped the checkpoint's model call: {decided.reason}")
+    return decided

@@ -19,10 +19,12 @@ from sqlmodel import Session, col
 
 from orchestrator.engine.actions import Action, Checkpoint
 from orchestrator.engine.budget import lock_job, record_paid
+from orchestrator.engine.callpolicies import checkpoint_call
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
 from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.llm.call import complete, warm
+from orchestrator.policies.chain import after_model, policies_of
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
@@ -169,9 +171,11 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
             return False
         included = [row_to_message(r) for r in rows if (r.id or 0) <= boundary.id]
         prompt = strategy(agent, previous.summary if previous else None, included)
-        limits = (rt.redis, rt.settings.redis_prefix, agent.rate_limits, agent.model)
+        ids = (turn.id, turn.context_data)
+        call = checkpoint_call(agent, conv.id, ids, turn.steps, prompt)
+        limits = (rt.redis, rt.settings.redis_prefix, agent.rate_limits, call.model)
         allowance = rt.settings.rate_limit_allowance
-        wait, _ = admit(*limits, turn.context_data, request_tokens(prompt), allowance)
+        wait, _ = admit(*limits, turn.context_data, request_tokens(call.messages), allowance)
         if wait > 0:  # nothing stored yet
             raise RateLimited(wait)
         summarizer = Conversation(
@@ -203,7 +207,8 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         )
         boundary_id = boundary.id
 
-    reply = complete(agent.model, prompt, None, agent.model_settings)
+    reply = complete(call.model, call.messages, None, call.settings)
+    after_model(policies_of(agent), call, reply)
     record_output(*limits, turn.context_data, reply.usage.output_tokens, allowance)
 
     with rt.transaction() as (session, outbox):

@@ -69,6 +69,8 @@ class ModelCall:
             :meth:`rewrite` with new lists and dicts.
         tools: the tool schemas offered (OpenAI format).
         settings: extra litellm arguments (the agent's ``model_settings``).
+        checkpoint: the call summarizes the conversation for a checkpoint
+            (its messages are the summarizer's prompt), not a step's.
     """
 
     agent: AgentSpec
@@ -82,6 +84,7 @@ class ModelCall:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    checkpoint: bool = False
 
     @property
     def last_failure(self) -> Failure | None:

@@ -101,6 +101,26 @@ def test_the_model_gets_redacted_requests_and_the_conversation_keeps_the_origina
     assert stored.content == [TextBlock(text=text)]
 
 
+def test_a_checkpoint_summarizer_gets_the_redacted_history(client: Client, workers: Any) -> None:
+    # Given a conversation whose first message holds an address
+    with LoopbackLLM() as server:
+        server.enqueue_text("Noted.")
+        job = client.submit(agent(server, "redact-emails"), "I am ada@example.com.")
+        assert job.result(timeout=60) == "Noted."
+
+        # When a checkpoint summarizes it
+        server.enqueue_text("A customer introduced themselves.")
+        client.checkpoint(job.conversation_id)
+        deadline = time.monotonic() + 60
+        while len(server.requests) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    # Then the summarizer's request went through the agent's policies too
+    assert len(server.requests) == 2
+    summarizer = str(server.requests[1]["messages"])
+    assert "[email]" in summarizer and "@" not in summarizer
+
+
 def test_an_unknown_policy_is_refused_at_declaration_and_submit(client: Client) -> None:
     with pytest.raises(UnknownPolicyError, match="no-such-policy"):
         Agent("with-unknown-policy", model="scripted/x", policies=["no-such-policy"])
