@@ -20,8 +20,10 @@ from orchestrator.errors import ModelError, PolicyError
 from orchestrator.logs import redact
 from orchestrator.policies import Defer, Failure, ModelCall, Stop, ToolCall
 from orchestrator.policies.chain import before_model, policies_of
+from orchestrator.policies.ratelimits import RateLimits
 from orchestrator.policies.retry import Retry
 from orchestrator.ratelimit import RateLimited
+from orchestrator.runtime import Runtime
 from schemas import AgentSpec
 
 #: The most failures :func:`failure_log` keeps (the latest).
@@ -142,3 +144,8 @@ def checkpoint_call(
     if isinstance(decided, Stop):
         raise PolicyError(policy, f"stopped the checkpoint's model call: {decided.reason}")
     return decided
+
+
+def rate_limits(rt: Runtime, tokens: int = 0) -> RateLimits:
+    """The built-in rate-limit policy for one call of ``tokens``."""
+    return RateLimits(rt.redis, rt.settings.redis_prefix, rt.settings.rate_limit_allowance, tokens)

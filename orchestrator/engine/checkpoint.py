@@ -19,13 +19,14 @@ from sqlmodel import Session, col
 
 from orchestrator.engine.actions import Action, Checkpoint
 from orchestrator.engine.budget import lock_job, record_paid
-from orchestrator.engine.callpolicies import checkpoint_call
+from orchestrator.engine.callpolicies import checkpoint_call, rate_limits
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
 from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.llm.call import complete, warm
+from orchestrator.policies import Defer
 from orchestrator.policies.chain import after_model, policies_of
-from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
+from orchestrator.ratelimit import RateLimited, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
 from schemas import (
@@ -173,11 +174,10 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         prompt = strategy(agent, previous.summary if previous else None, included)
         ids = (turn.id, turn.context_data)
         call = checkpoint_call(agent, conv.id, ids, turn.steps, prompt)
-        limits = (rt.redis, rt.settings.redis_prefix, agent.rate_limits, call.model)
-        allowance = rt.settings.rate_limit_allowance
-        wait, _ = admit(*limits, turn.context_data, request_tokens(call.messages), allowance)
-        if wait > 0:  # nothing stored yet
-            raise RateLimited(wait)
+        limits = rate_limits(rt, request_tokens(call.messages))
+        admitted = limits.before_model(call)
+        if isinstance(admitted, Defer):  # nothing stored yet
+            raise RateLimited(admitted.seconds)
         summarizer = Conversation(
             root_id=conv.root_id,
             parent_id=conv.id,
@@ -208,8 +208,8 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         boundary_id = boundary.id
 
     reply = complete(call.model, call.messages, None, call.settings)
+    limits.after_model(call, reply)
     after_model(policies_of(agent), call, reply)
-    record_output(*limits, turn.context_data, reply.usage.output_tokens, allowance)
 
     with rt.transaction() as (session, outbox):
         usage = reply.usage

@@ -21,7 +21,7 @@ from orchestrator.engine.budget import (
     exceeded,
     tool_calls_left,
 )
-from orchestrator.engine.callpolicies import failure_log, model_call, stop_error
+from orchestrator.engine.callpolicies import failure_log, model_call, rate_limits, stop_error
 from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn
@@ -58,7 +58,7 @@ from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
 from orchestrator.logs import StreamRedaction, bind, redact
 from orchestrator.policies import Defer, ModelCall, Policy, Stop
 from orchestrator.policies.chain import after_model, before_model, on_model_failure, policies_of
-from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
+from orchestrator.ratelimit import RateLimited, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db, connection_of, returns_joined_rows
 from orchestrator.store.direct import execute
@@ -304,7 +304,6 @@ def _run_step(
         announcement = _Announcement(rt, admitted)
     correlation_id = turn.correlation_id
     root_id = conv.root_id
-    context_data = turn.context_data
     if over is not None:
         revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over, budget=True)
         return [*actions, Revoke(tuple(revoke))]
@@ -351,17 +350,9 @@ def _run_step(
         return _model_failed(rt, (conversation_id, turn_id, step), owner, exc, (policies, call))
     answered.append(reply)
     announcement.wait()
-    after_model(policies, call, reply)
     deltas.flush()  # the rest of the text, before the reply's own events
-    record_output(
-        rt.redis,
-        rt.settings.redis_prefix,
-        spec.rate_limits,
-        call.model,
-        context_data,
-        reply.usage.output_tokens,
-        rt.settings.rate_limit_allowance,
-    )
+    rate_limits(rt).after_model(call, reply)
+    after_model(policies, call, reply)
     reply = _qualified(reply, names)
     if lease.lost.is_set() or reply.stopped:
         return _left(rt, ids, reply, lost=lease.lost.is_set())
@@ -382,47 +373,33 @@ def _left(rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, *, lost: bo
     return []
 
 
-class _TurnContext(TurnIds, Protocol):
-    """What :func:`_admit` reads of a turn (a row, or the lease's columns)."""
-
-    @property
-    def context_data(self) -> dict[str, Any]: ...
-
-
 def _admit(
     rt: Runtime,
     outbox: Outbox,
     conv: ConversationIds,
-    turn: _TurnContext,
+    turn: TurnIds,
     step: int,
-    spec: AgentSpec,
+    call: ModelCall,
     tokens: int,
-    model: str,
 ) -> float:
-    """Ask the agent's rate limits to admit the request of ``tokens`` to
-    ``model`` (the agent's, or the one its policies chose), built and about
-    to be sent; record ``llm.requested`` when they do. Returns how long to
-    wait first (0: admitted)."""
-    wait, admitted_at = admit(
-        rt.redis,
-        rt.settings.redis_prefix,
-        spec.rate_limits,
-        model,
-        turn.context_data,
-        tokens,
-        rt.settings.rate_limit_allowance,
+    """Ask the agent's rate limits (:class:`~orchestrator.policies.ratelimits.RateLimits`)
+    to admit ``call``, a request of ``tokens`` built and about to be sent;
+    record ``llm.requested`` when they do. Returns how long to wait first
+    (0: admitted)."""
+    limits = rate_limits(rt, tokens)
+    decided = limits.before_model(call)
+    if isinstance(decided, Defer):
+        return decided.seconds
+    outbox.record(
+        EventName.LLM_REQUESTED,
+        conv,
+        turn,
+        step,
+        model=call.model,
+        admitted_at=limits.admitted_at,
+        worker=_worker(),
     )
-    if wait <= 0:
-        outbox.record(
-            EventName.LLM_REQUESTED,
-            conv,
-            turn,
-            step,
-            model=model,
-            admitted_at=admitted_at,
-            worker=_worker(),
-        )
-    return wait
+    return 0.0
 
 
 class _Announcement:
@@ -502,7 +479,7 @@ def _policed(
         return _policy_decided(rt, ids, owner, conv, (decider, decided))
     size = _request_size(decided, tools, prompt)
     fits = spec.context_tokens is None or size <= spec.context_tokens
-    wait = _admit(rt, admitted, conv, turn, ids[2], spec, size, decided.model) if fits else 0.0
+    wait = _admit(rt, admitted, conv, turn, ids[2], decided, size) if fits else 0.0
     if wait > 0:
         with rt.autocommit() as connection:
             return [_defer(connection, conv, wait, owner)]
@@ -557,7 +534,7 @@ def _fit_context(
             policy, decided = before_model(policies, replace(base, messages=prompt.messages))
             if isinstance(decided, ModelCall):
                 size = _request_size(decided, tools, prompt)
-                wait = _admit(rt, outbox, conv, turn, step, spec, size, decided.model)
+                wait = _admit(rt, outbox, conv, turn, step, decided, size)
                 if wait > 0:
                     raise RateLimited(wait)
     except ModelError as exc:
