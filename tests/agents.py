@@ -1389,6 +1389,8 @@ Agent(
 
 # --- Policies (tests/integration/test_policies.py) ---------------------------
 
+from orchestrator.errors import ModelError  # noqa: E402
+from orchestrator.llm.reply import ModelReply  # noqa: E402
 from orchestrator.policies import Defer, ModelCall, Policy, Stop, ToolCall, register_policy  # noqa: E402
 from orchestrator.policies import policy as declare_policy  # noqa: E402
 from tests.readme import FallbackAfter5xx  # noqa: E402
@@ -1423,3 +1425,21 @@ class GuardAdd(Policy):
         if call.params.get("a", 0) > 100:
             return Stop("sums over 100 need a human")
         return call.rewrite(params={**call.params, "b": min(call.params.get("b", 0), 10)})
+
+
+@declare_policy("log-replies")
+class LogReplies(Policy):
+    """Appends each reply's model and text to the file named by the job's
+    ``context_data["log"]`` (an observer)."""
+
+    def after_model(self, call: ModelCall, reply: ModelReply) -> None:
+        with Path(call.context_data["log"]).open("a") as log:
+            log.write(f"{call.model} attempt {call.attempt}: {reply.text}\n")
+
+
+@declare_policy("no-retry-on-5xx")
+class NoRetryOn5xx(Policy):
+    """Fails the turn at the first 5xx instead of retrying."""
+
+    def on_model_failure(self, call: ModelCall, error: ModelError) -> Stop | None:
+        return Stop(f"{call.model} is down") if (error.status or 0) >= 500 else None

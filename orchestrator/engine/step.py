@@ -352,8 +352,8 @@ def _run_step(
     announcement.wait()
     deltas.flush()  # the rest of the text, before the reply's own events
     rate_limits(rt).after_model(call, reply)
-    after_model(policies, call, reply)
     reply = _qualified(reply, names)
+    after_model(policies, call, reply)  # the calls under their registered names
     if lease.lost.is_set() or reply.stopped:
         return _left(rt, ids, reply, lost=lease.lost.is_set())
     leased = (conv, turn, job, spec)

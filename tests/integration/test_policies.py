@@ -200,3 +200,29 @@ def test_a_tool_policy_rewrites_arguments_or_refuses_the_call(client: Client, wo
     calls = tool_calls(client, job.id)
     assert [c.params for c in calls] == [{"a": 2, "b": 40}, {"a": 200, "b": 1}]
     assert [c.is_error for c in calls] == [False, True]
+
+
+def test_an_observer_sees_each_reply_with_its_attempt(
+    client: Client, workers: Any, tmp_path: Path
+) -> None:
+    log = tmp_path / "replies.log"
+    with LoopbackLLM() as server:
+        server.enqueue_error(500, message="oops")
+        server.enqueue_text("Second time lucky.")
+        job = client.submit(agent(server, "log-replies"), "hi", context_data={"log": str(log)})
+        assert job.result(timeout=60) == "Second time lucky."
+    assert log.read_text() == f"{PRIMARY} attempt 2: Second time lucky.\n"
+
+
+def test_a_policy_decides_a_failure_before_the_built_in_retry(client: Client, workers: Any) -> None:
+    with LoopbackLLM() as server:
+        server.enqueue_error(503, message="overloaded")
+        job = client.submit(agent(server, "no-retry-on-5xx"), "hi")
+        with pytest.raises(JobFailedError) as caught:
+            job.result(timeout=60)
+    assert (
+        caught.value.error == f"policy 'no-retry-on-5xx' stopped the model call: {PRIMARY} is down"
+    )
+    assert len(server.requests) == 1
+    (failed,) = events(job, EventName.LLM_FAILED)
+    assert failed.data["policy"] == "no-retry-on-5xx" and failed.data["retry_in"] is None
