@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator import registry
 from orchestrator.engine.access import builtin_names
 from orchestrator.errors import invalid
+from orchestrator.policies import Policy, check_policies
 from orchestrator.spec_checks import check_spec
 from orchestrator.toolnames import check_unique
 from orchestrator.tools import Tool
@@ -44,6 +45,7 @@ def Agent(
     max_steps: int = _default("max_steps"),
     max_parallel_tools: int | None = None,
     retry: RetryPolicy = _RETRY,
+    policies: Sequence[Policy | str] = (),
     rate_limits: list[RateLimit] | tuple[RateLimit, ...] = (),
     budget: Budget | None = None,
     output: type[BaseModel] | dict[str, Any] | None = None,
@@ -83,6 +85,9 @@ def Agent(
             this size, run one after the other); None runs them all at once.
         retry: backoff of model calls failing with a retryable error (the
             default rides out about five minutes of provider trouble).
+        policies: registered policies (objects or names) each model call
+            goes through, in order (``orchestrator.policies``); a name not
+            registered raises :class:`UnknownPolicyError`.
         rate_limits: limits on model calls shared by every worker.
         budget: the default budget of jobs on this agent (over their tree).
         output: a pydantic model or JSON schema of a structured final answer:
@@ -118,6 +123,7 @@ def Agent(
             max_steps=max_steps,
             max_parallel_tools=max_parallel_tools,
             retry=retry,
+            policies=tuple(p.name if isinstance(p, Policy) else p for p in policies),
             rate_limits=tuple(rate_limits),
             budget=budget,
             output_schema=output.model_json_schema() if isinstance(output, type) else output,
@@ -131,6 +137,7 @@ def Agent(
     except ValidationError as exc:
         raise invalid(exc, f"agent {name!r}") from None
     check_spec(spec)
+    check_policies(spec.policies)
     check_unique(offered_names(spec), f"agent {name!r}")
     registry.register_agent(spec)
     return spec

@@ -6,6 +6,7 @@
     ├── UserError                 the caller asked for something invalid
     │   ├── UnknownAgentError     agent name not registered by the workers
     │   ├── UnknownToolError      tool name not registered by the workers
+    │   ├── UnknownPolicyError    policy name not registered by the workers
     │   ├── InvalidRequestError   payload failed validation (names the field)
     │   │   ├── SecretInSettingsError  a credential in an agent's model_settings
     │   │   ├── SettingNotAllowedError an inline spec names an endpoint or a
@@ -19,6 +20,7 @@
         ├── ModelError            the model API failed (status, body)
         ├── ModelBehaviorError    the model answered something unusable
         ├── ToolExecutionError    a tool raised or timed out
+        ├── PolicyError           a policy raised or stopped a model call
         ├── JobFailedError        ``Job.result()`` on a failed turn
         └── ServiceUnavailableError  Postgres or Redis failed (or kept
                                   deadlocking) after bounded retries
@@ -58,6 +60,15 @@ class UnknownToolError(UserError):
         super().__init__(
             f"unknown {kind} {name!r}; registered {kind}s: {sorted(known) or 'none'} "
             f"({declare} in a module listed in CHORUS_MODULES)"
+        )
+
+
+class UnknownPolicyError(UserError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        super().__init__(
+            f"unknown policy {name!r}; registered policies: {sorted(known) or 'none'} "
+            "(declare it with @policy or register_policy in a module listed in CHORUS_MODULES)"
         )
 
 
@@ -168,6 +179,15 @@ class ModelBehaviorError(AgentRunError):
 
 class ToolExecutionError(AgentRunError):
     """A tool raised or timed out."""
+
+
+class PolicyError(AgentRunError):
+    """A policy raised, stopped a model call or rewrote it into something
+    Chorus refuses; ``policy`` names it. The turn fails with this error."""
+
+    def __init__(self, policy: str, message: str) -> None:
+        self.policy = policy
+        super().__init__(f"policy {policy!r} {message}")
 
 
 class JobFailedError(AgentRunError):

@@ -146,6 +146,10 @@ class AgentSpec(Frozen):
         "(None: all at once)",
     )
     retry: RetryPolicy = RetryPolicy()
+    policies: tuple[str, ...] = Field(
+        default=(),
+        description="Names of registered policies each model call goes through, in order",
+    )
     rate_limits: tuple[RateLimit, ...] = ()
     budget: Budget | None = Field(
         default=None, description="Default budget of jobs run on this agent."

@@ -1385,3 +1385,61 @@ Agent(
     scripted_model("retry-later"),
     retry=RetryPolicy(initial_delay=10.0, jitter=0.0, max_attempts=3),
 )
+
+
+# --- Policies (tests/integration/test_policies.py) ---------------------------
+
+from orchestrator.errors import ModelError  # noqa: E402
+from orchestrator.llm.reply import ModelReply  # noqa: E402
+from orchestrator.policies import Defer, ModelCall, Policy, Stop, ToolCall, register_policy  # noqa: E402
+from orchestrator.policies import policy as declare_policy  # noqa: E402
+from tests.readme import FallbackAfter5xx  # noqa: E402
+
+#: The README's fallback policy, falling back to a second loopback model.
+LOOPBACK_FALLBACK = "openai/loopback-fallback"
+register_policy("fallback-loopback", FallbackAfter5xx(fallback=LOOPBACK_FALLBACK))
+POLICY_BOOM = "policy boom 7f3a"
+
+
+@declare_policy("explode")
+def explode(call: ModelCall) -> ModelCall:
+    """A policy with a bug: it raises on every call."""
+    raise RuntimeError(POLICY_BOOM)
+
+
+@declare_policy("hold-while-file")
+def hold_while_file(call: ModelCall) -> ModelCall | Defer:
+    """Defers the call for half a second while the file named by the job's
+    ``context_data["hold"]`` exists (durable state outside the process)."""
+    held = call.context_data.get("hold")
+    return Defer(0.5, "held") if held and Path(held).exists() else call
+
+
+@declare_policy("guard-add")
+class GuardAdd(Policy):
+    """Refuses ``add`` with ``a`` over 100; caps ``b`` at 10 (a rewrite)."""
+
+    def before_tool(self, call: ToolCall) -> ToolCall | Stop:
+        if call.tool != "add":
+            return call
+        if call.params.get("a", 0) > 100:
+            return Stop("sums over 100 need a human")
+        return call.rewrite(params={**call.params, "b": min(call.params.get("b", 0), 10)})
+
+
+@declare_policy("log-replies")
+class LogReplies(Policy):
+    """Appends each reply's model and text to the file named by the job's
+    ``context_data["log"]`` (an observer)."""
+
+    def after_model(self, call: ModelCall, reply: ModelReply) -> None:
+        with Path(call.context_data["log"]).open("a") as log:
+            log.write(f"{call.model} attempt {call.attempt}: {reply.text}\n")
+
+
+@declare_policy("no-retry-on-5xx")
+class NoRetryOn5xx(Policy):
+    """Fails the turn at the first 5xx instead of retrying."""
+
+    def on_model_failure(self, call: ModelCall, error: ModelError) -> Stop | None:
+        return Stop(f"{call.model} is down") if (error.status or 0) >= 500 else None

@@ -12,9 +12,10 @@ How the README is executed (tests/test_readme.py):
   blocks then run in order in one namespace that starts as a copy of this
   module's, in the test process, against the test services (``Client()``
   reads the ``CHORUS_*`` variables the test sets).
-* The one substitution: an ``Agent("NAME", model="<provider>/...")`` naming
-  a real provider gets ``model="scripted/readme-NAME"`` instead, served by
-  the scripts registered below (no network, no key).
+* The substitutions: an ``Agent("NAME", model="<provider>/...")`` naming
+  a real provider gets ``model="scripted/readme-NAME"`` instead, and a
+  policy's ``fallback="<provider>/..."`` gets ``"scripted/readme-fallback"``,
+  served by the scripts registered below (no network, no key).
 * Bash blocks run in bash with ``chorus`` defined as the worktree's CLI and
   ``.venv/bin/`` meaning this interpreter's; README service URLs are
   replaced by the test services'. Blocks that cannot run here are listed in
@@ -28,12 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from litellm.llms.custom_llm import CustomLLMError
+
 from orchestrator.llm.scripted import Reply, call, register_script
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 _FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```$", re.M | re.S)
 _REAL_MODEL = re.compile(r'(Agent\(\s*"(?P<name>[\w-]+)",\s*model=)"(?!scripted/)[^"]+"')
+#: A policy's fallback model naming a real provider (``fallback="<provider>/..."``).
+_REAL_FALLBACK = re.compile(r'(fallback=)"(?!scripted/)[^"/]+/[^"]+"')
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,10 @@ def blocks() -> list[Block]:
 
 def scripted(source: str) -> str:
     """The README source with every real provider model replaced by its
-    agent's script, ``scripted/readme-<agent name>``."""
-    return _REAL_MODEL.sub(lambda m: f'{m[1]}"scripted/readme-{m["name"]}"', source)
+    agent's script, ``scripted/readme-<agent name>``, and a policy's
+    ``fallback="<provider>/..."`` by ``scripted/readme-fallback``."""
+    source = _REAL_MODEL.sub(lambda m: f'{m[1]}"scripted/readme-{m["name"]}"', source)
+    return _REAL_FALLBACK.sub(lambda m: f'{m[1]}"scripted/readme-fallback"', source)
 
 
 def _tool_results(messages: list[dict[str, Any]]) -> list[str]:
@@ -176,6 +183,17 @@ register_script(
         Reply.call(call("weather__forecast", city="Lisbon")),
         lambda ms: Reply.say("Lisbon: " + _tool_results(ms)[-1]),
     ],
+)
+
+
+def _overloaded(_messages: list[dict[str, Any]]) -> Reply:
+    raise CustomLLMError(status_code=503, message="overloaded")
+
+
+register_script("readme-support", [_overloaded])  # every call answers 503
+register_script(
+    "readme-fallback",
+    [lambda ms: Reply.say("Fallback model here. You wrote: " + str(ms[-1]["content"]))],
 )
 
 # The README's declarations, in order, as this module's body.

@@ -157,7 +157,7 @@ def test_the_python_client_blocks_run_against_the_fleet(
                 clients.append(namespace["client"])
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 10
+    assert len(ran) == 11
     assert namespace["refused"] == ["model_settings.api_base"]
     assert namespace["planned"].result() == "Lisbon, three nights, booked."
     assert [(i.id, i.status) for i in namespace["planned"].plan()] == [
@@ -187,6 +187,15 @@ def test_the_python_client_blocks_run_against_the_fleet(
     assert namespace["whole"] == namespace["fetch_log"]("api")
     assert namespace["job"].status().structured == {"city": "Lisbon", "nights": 3}
     assert namespace["again"].result() == "Four nights in Lisbon, rebooked."
+    # the support agent's model failed twice with 503; the fallback saw no address
+    helped = namespace["helped"]
+    assert helped.result() == ("Fallback model here. You wrote: I am [email]: where is my order?")
+    failed = [e for e in helped.events(deltas=False) if e.name == "llm.failed"]
+    assert [(e.data["status"], e.data["model"]) for e in failed] == [
+        (503, "scripted/readme-support")
+    ] * 2
+    kept = clients[0].history(helped.conversation_id)[0].content[0].text
+    assert kept == "I am ada@example.com: where is my order?"
     # the crawler's 12 calls ran 4 at a time, every job answered
     report = namespace["report"]
     assert report.result() == "12 pages checked, all up."

@@ -19,11 +19,14 @@ from sqlmodel import Session, col
 
 from orchestrator.engine.actions import Action, TakeCheckpoint
 from orchestrator.engine.budget import record_paid
+from orchestrator.engine.callpolicies import checkpoint_call, rate_limits
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
 from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.llm.call import complete, warm
-from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
+from orchestrator.policies import Defer
+from orchestrator.policies.chain import after_model, policies_of
+from orchestrator.ratelimit import RateLimited, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.job_totals import lock_job
 from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
@@ -170,11 +173,12 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
             return False
         included = [row_to_message(r) for r in rows if (r.id or 0) <= boundary.id]
         prompt = strategy(agent, previous.summary if previous else None, included)
-        limits = (rt.redis, rt.settings.redis_prefix, agent.rate_limits, agent.model)
-        allowance = rt.settings.rate_limit_allowance
-        wait, _ = admit(*limits, turn.context_data, request_tokens(prompt), allowance)
-        if wait > 0:  # nothing stored yet
-            raise RateLimited(wait)
+        ids = (turn.id, turn.context_data)
+        call = checkpoint_call(agent, conv.id, ids, turn.steps, prompt)
+        limits = rate_limits(rt, request_tokens(call.messages))
+        admitted = limits.before_model(call)
+        if isinstance(admitted, Defer):  # nothing stored yet
+            raise RateLimited(admitted.seconds)
         summarizer = Conversation(
             root_id=conv.root_id,
             parent_id=conv.id,
@@ -204,8 +208,9 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         )
         boundary_id = boundary.id
 
-    reply = complete(agent.model, prompt, None, agent.model_settings)
-    record_output(*limits, turn.context_data, reply.usage.output_tokens, allowance)
+    reply = complete(call.model, call.messages, None, call.settings)
+    limits.after_model(call, reply)
+    after_model(policies_of(agent), call, reply)
 
     with rt.transaction() as (session, outbox):
         usage = reply.usage

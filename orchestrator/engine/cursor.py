@@ -19,7 +19,7 @@ def move_cursor(session: Session, conv: Conversation, **values: Any) -> bool:
     """``UPDATE … WHERE version = :v``: True for exactly one of any racing copies.
 
     A move is progress: the stall clock restarts, the sweeper's re-dispatch
-    count and any deferral of the old position are cleared. ``values`` are
+    count, any deferral of the old position and its retry count are cleared. ``values`` are
     plain values (no SQL expressions); ``conv`` shows them once moved.
     """
     return _move(session, conv, values)

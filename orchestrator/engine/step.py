@@ -9,22 +9,20 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
-
-from sqlalchemy import func
-from sqlmodel import select
 
 from orchestrator import registry, toolsets
 from orchestrator.engine.actions import Action, Revoke, RunStep
 from orchestrator.engine.after_commit import settle
 from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, tool_calls_left
+from orchestrator.engine.callpolicies import failure_log, model_call, rate_limits, stop_error
 from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.cursor import finish_turn
 from orchestrator.engine.handoffs import handoff_tool
-from orchestrator.engine.history import model_prompt
+from orchestrator.engine.history import Prompt, model_prompt
 from orchestrator.engine.lease import heartbeat
 from orchestrator.engine.persist import (
     load_owned,
@@ -42,8 +40,9 @@ from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import ConversationIds, DeltaBatcher, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
 from orchestrator.logs import StreamRedaction, bind, redact
-from orchestrator.policies import retry_delay
-from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
+from orchestrator.policies import Defer, ModelCall, Policy, Stop
+from orchestrator.policies.chain import after_model, before_model, on_model_failure, policies_of
+from orchestrator.ratelimit import RateLimited, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db
 from orchestrator.store.job_totals import JobRow
@@ -55,7 +54,6 @@ from orchestrator.store.step_sql import (
     take_lease,
 )
 from orchestrator.store.tables import (
-    EventRow,
     utcnow,
 )
 from orchestrator.store.values import storable_text
@@ -67,7 +65,6 @@ from schemas import (
     ToolSpec,
     TurnStatus,
 )
-from schemas.specs import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +104,10 @@ def _deferred(rt: Runtime, ids: tuple[str, str, int]) -> list[Action]:
     return [RunStep(conversation_id, turn_id, step, priority, countdown=left)]
 
 
-def _past_max_steps(
-    rt: Runtime, ids: tuple[str, str, int], owner: str, max_steps: int
-) -> list[Action]:
-    """The turn made ``max_steps`` model calls without an answer: it fails."""
+def _fail_owned(rt: Runtime, ids: tuple[str, str, int], owner: str, error: str) -> list[Action]:
+    """The turn fails with ``error`` if this copy still owns the step (the
+    turn made ``max_steps`` model calls without an answer, or a policy
+    stopped the call)."""
     conversation_id, turn_id, step = ids
     with rt.transaction() as (session, outbox):
         loaded = load_owned(session, conversation_id, turn_id, step, owner)
@@ -123,7 +120,7 @@ def _past_max_steps(
             conv,
             turn,
             TurnStatus.FAILED,
-            error=f"no final answer within max_steps={max_steps}",
+            error=error,
         )
     return ended or []
 
@@ -141,13 +138,20 @@ class _Position(Protocol):
     def priority(self) -> int: ...
 
 
-def _defer(db: Db, conv: _Position, countdown: float, owner: str | None = None) -> RunStep:
+def _defer(
+    db: Db,
+    conv: _Position,
+    countdown: float,
+    owner: str | None = None,
+    failed: tuple[int, list[dict[str, Any]]] | None = None,
+) -> RunStep:
     """Release the lease (only ``owner``'s, when given: outside a lock on
     the row) and record when the step is due again, so the sweeper does not
-    take a countdown longer than the stall timeout for a lost task; return
-    the step to send with that countdown."""
+    take a countdown longer than the stall timeout for a lost task (and
+    ``failed``: a failed call's retry count and log); return the step to
+    send with that countdown."""
     assert conv.turn_id is not None
-    release_lease(db, conv.id, owner, due_in=countdown)
+    release_lease(db, conv.id, owner, due_in=countdown, failed=failed)
     return RunStep(conv.id, conv.turn_id, conv.cursor_step, conv.priority, countdown=countdown)
 
 
@@ -226,7 +230,7 @@ def _run_step(
     bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
     spec = AgentSpec.model_validate(conv.agent_spec)
     if step >= spec.max_steps:
-        return _past_max_steps(rt, ids, owner, spec.max_steps)
+        return _fail_owned(rt, ids, owner, f"no final answer within max_steps={spec.max_steps}")
     over = exceeded(job)
     if over is not None:
         with rt.autocommit() as connection:
@@ -243,19 +247,17 @@ def _run_step(
         with rt.autocommit() as connection:
             prompt = model_prompt(connection, conv.id, spec, system, names)
         tools, names = _with_reader(spec, (tools, names), tools_allowed and prompt.cut)
-        messages = prompt.messages
-        size = request_tokens(messages, tools, prompt.chars)
-        fits = spec.context_tokens is None or size <= spec.context_tokens
-        # past the context limit a checkpoint comes first, and admission after it
+        policies = policies_of(spec)
+        base = model_call(spec, conv, (turn.id, turn.context_data), step, (prompt.messages, tools))
         admitted = Outbox()
-        wait = _admit(rt, admitted, conv, turn, step, spec, size) if fits else 0.0
-        if wait > 0:
-            with rt.autocommit() as connection:
-                return [_defer(connection, conv, wait, owner)]
+        policed = (policies, base)
+        ready = _policed(rt, admitted, (ids, owner), (conv, turn), policed, (tools, prompt))
+        if isinstance(ready, list):  # deferred or stopped by a policy or a rate limit
+            return ready
+        call, fits = ready
         announcement = _Announcement(rt, admitted)
     correlation_id = turn.correlation_id
     root_id = conv.root_id
-    context_data = turn.context_data
     if over is not None:
         revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over, budget=True)
         return [*actions, Revoke(tuple(revoke))]
@@ -283,35 +285,29 @@ def _run_step(
         # lets the call finish: its usage counts.
         with heartbeat(rt).hold(conversation_id, owner) as lease:
             if not fits:
-                messages, ended = _fit_context(
-                    rt, spec, (conversation_id, turn_id, step, owner), system, (tools, names)
+                fitted, ended = _fit_context(
+                    rt, (conversation_id, turn_id, step, owner), system, (tools, names), base
                 )
-                if ended is not None:
-                    return ended
+                if fitted is None:
+                    return ended or []
+                call = fitted
             reply = complete(
-                spec.model,
-                messages,
+                call.model,
+                call.messages,
                 tools or None,
-                spec.model_settings,
+                call.settings,
                 on_delta=deltas.add,
                 should_stop=cancel_watch(rt, correlation_id),
             )
     except ModelError as exc:
         announcement.wait()
-        return _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
+        return _model_failed(rt, (conversation_id, turn_id, step), owner, exc, (policies, call))
     answered.append(reply)
     announcement.wait()
     deltas.flush()  # the rest of the text, before the reply's own events
-    record_output(
-        rt.redis,
-        rt.settings.redis_prefix,
-        spec.rate_limits,
-        spec.model,
-        context_data,
-        reply.usage.output_tokens,
-        rt.settings.rate_limit_allowance,
-    )
+    rate_limits(rt).after_model(call, reply)
     reply = _qualified(reply, names)
+    after_model(policies, call, reply)  # the calls under their registered names
     if lease.lost.is_set() or reply.stopped:
         return _left(rt, ids, reply, lost=lease.lost.is_set())
     leased = (conv, turn, job, spec)
@@ -331,45 +327,33 @@ def _left(rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, *, lost: bo
     return []
 
 
-class _TurnContext(TurnIds, Protocol):
-    """What :func:`_admit` reads of a turn (a row, or the lease's columns)."""
-
-    @property
-    def context_data(self) -> dict[str, Any]: ...
-
-
 def _admit(
     rt: Runtime,
     outbox: Outbox,
     conv: ConversationIds,
-    turn: _TurnContext,
+    turn: TurnIds,
     step: int,
-    spec: AgentSpec,
+    call: ModelCall,
     tokens: int,
 ) -> float:
-    """Ask the agent's rate limits to admit the request of ``tokens``, built
-    and about to be sent; record ``llm.requested`` when they do. Returns how
-    long to wait first (0: admitted)."""
-    wait, admitted_at = admit(
-        rt.redis,
-        rt.settings.redis_prefix,
-        spec.rate_limits,
-        spec.model,
-        turn.context_data,
-        tokens,
-        rt.settings.rate_limit_allowance,
+    """Ask the agent's rate limits (:class:`~orchestrator.policies.ratelimits.RateLimits`)
+    to admit ``call``, a request of ``tokens`` built and about to be sent;
+    record ``llm.requested`` when they do. Returns how long to wait first
+    (0: admitted)."""
+    limits = rate_limits(rt, tokens)
+    decided = limits.before_model(call)
+    if isinstance(decided, Defer):
+        return decided.seconds
+    outbox.record(
+        EventName.LLM_REQUESTED,
+        conv,
+        turn,
+        step,
+        model=call.model,
+        admitted_at=limits.admitted_at,
+        worker=_worker(),
     )
-    if wait <= 0:
-        outbox.record(
-            EventName.LLM_REQUESTED,
-            conv,
-            turn,
-            step,
-            model=spec.model,
-            admitted_at=admitted_at,
-            worker=_worker(),
-        )
-    return wait
+    return 0.0
 
 
 class _Announcement:
@@ -419,94 +403,146 @@ def _defer_owned(
         return [_defer(session, loaded[0], wait)]
 
 
+def _request_size(call: ModelCall, tools: list[dict[str, Any]], prompt: Prompt) -> int:
+    """The tokens of ``call``'s request; the size of ``prompt``'s messages
+    is known (cached) unless a policy rewrote them."""
+    known = prompt.chars if call.messages is prompt.messages else None
+    return request_tokens(call.messages, tools, known)
+
+
+def _policed(
+    rt: Runtime,
+    admitted: Outbox,
+    where: tuple[tuple[str, str, int], str],
+    leased: tuple[LeasedConversation, LeasedTurn],
+    policed: tuple[Sequence[Policy], ModelCall],
+    request: tuple[list[dict[str, Any]], Prompt],
+) -> tuple[ModelCall, bool] | list[Action]:
+    """Put the call through the agent's policies, then its rate limits
+    (recording ``llm.requested`` in ``admitted``): the call to make and
+    whether it fits the agent's context-token limit (past it, a checkpoint
+    comes first, and admission after it: :func:`_fit_context`), or the
+    actions of a deferral or a stop. ``where``: the step and lease owner."""
+    ids, owner = where
+    conv, turn = leased
+    policies, base = policed
+    tools, prompt = request
+    spec = base.agent
+    decider, decided = before_model(policies, base)
+    if not isinstance(decided, ModelCall):
+        return _policy_decided(rt, ids, owner, conv, (decider, decided))
+    size = _request_size(decided, tools, prompt)
+    fits = spec.context_tokens is None or size <= spec.context_tokens
+    wait = _admit(rt, admitted, conv, turn, ids[2], decided, size) if fits else 0.0
+    if wait > 0:
+        with rt.autocommit() as connection:
+            return [_defer(connection, conv, wait, owner)]
+    return decided, fits
+
+
+def _policy_decided(
+    rt: Runtime,
+    ids: tuple[str, str, int],
+    owner: str,
+    conv: _Position,
+    decision: tuple[str, Defer | Stop],
+) -> list[Action]:
+    """A policy deferred the call (the step is sent again with the
+    countdown, its due time recorded) or stopped it (the turn fails)."""
+    policy, decided = decision
+    if isinstance(decided, Stop):
+        return _fail_owned(rt, ids, owner, stop_error(policy, decided))
+    log.info("step %s: policy %r defers the model call %.3f s", ids[2], policy, decided.seconds)
+    with rt.autocommit() as connection:
+        return [_defer(connection, conv, decided.seconds, owner)]
+
+
 def _fit_context(
     rt: Runtime,
-    spec: AgentSpec,
     ids: tuple[str, str, int, str],
     system: str,
     offered: tuple[list[dict[str, Any]], dict[str, str]],
-) -> tuple[list[dict[str, Any]], list[Action] | None]:
+    base: ModelCall,
+) -> tuple[ModelCall | None, list[Action] | None]:
     """The prompt passes the agent's context-token limit: take a checkpoint
-    first, rebuild the prompt around its summary and admit it.
+    first, rebuild the prompt around its summary, put it through the
+    agent's policies again (``base``: the call before them) and admit it.
 
     ``ids``: conversation, turn, step, lease owner; ``offered``: the tools
-    and their names (:func:`_offered_tools`). Returns the messages to
-    send, or the actions that end this execution instead (a deferral, a
-    retry, or none when another copy took over).
+    and their names (:func:`_offered_tools`). Returns the call to make, or
+    None and the actions that end this execution instead (a deferral, a
+    retry, a stop, or none when another copy took over).
     """
     conversation_id, turn_id, step, owner = ids
     tools, names = offered
+    spec = base.agent
+    policies = policies_of(spec)
     try:
         take_checkpoint(rt, conversation_id)  # False: nothing left to summarize; sent as is
         with rt.transaction() as (session, outbox):
             loaded = load_owned(session, conversation_id, turn_id, step, owner)
             if loaded is None:
-                return [], []
+                return None, []
             conv, turn, _ = loaded
             prompt = model_prompt(session, conversation_id, spec, system, names)
-            messages = prompt.messages
-            size = request_tokens(messages, tools, prompt.chars)
-            wait = _admit(rt, outbox, conv, turn, step, spec, size)
-            if wait > 0:
-                raise RateLimited(wait)
+            policy, decided = before_model(policies, replace(base, messages=prompt.messages))
+            if isinstance(decided, ModelCall):
+                size = _request_size(decided, tools, prompt)
+                wait = _admit(rt, outbox, conv, turn, step, decided, size)
+                if wait > 0:
+                    raise RateLimited(wait)
     except ModelError as exc:
-        return [], _model_failed(rt, conversation_id, turn_id, step, owner, exc, spec.retry)
+        return None, _model_failed(rt, ids[:3], owner, exc, (policies, base))
     except RateLimited as limited:
-        return [], _defer_owned(rt, conversation_id, turn_id, step, owner, limited.wait)
-    return messages, None
+        return None, _defer_owned(rt, conversation_id, turn_id, step, owner, limited.wait)
+    if isinstance(decided, Defer):
+        return None, _defer_owned(rt, conversation_id, turn_id, step, owner, decided.seconds)
+    if isinstance(decided, Stop):
+        return None, _fail_owned(rt, ids[:3], owner, stop_error(policy, decided))
+    return decided, None
 
 
 def _model_failed(
     rt: Runtime,
-    conversation_id: str,
-    turn_id: str,
-    step: int,
+    ids: tuple[str, str, int],
     owner: str,
     exc: ModelError,
-    retry: RetryPolicy,
+    policed: tuple[Sequence[Policy], ModelCall],
 ) -> list[Action]:
-    """Retry a retryable failure after a backoff (the task ends; a new one
-    is sent with a countdown, so no worker slot waits), else fail the turn."""
+    """Ask the agent's policies, then the built-in retry, what a failed
+    call leads to: a retry after a backoff (the task ends; a new one is sent
+    with a countdown, so no worker slot waits), or the turn's failure. The
+    failure is counted in the conversation's row (the retry count the next
+    attempt's policies see) in the update that defers the step."""
+    conversation_id, turn_id, step = ids
+    policies, call = policed
+    policy, decided = on_model_failure(policies, call, exc)
+    delay = decided.seconds if isinstance(decided, Defer) else None
     with rt.transaction() as (session, outbox):
         loaded = load_owned(session, conversation_id, turn_id, step, owner)
         if loaded is None:
             return []
         conv, turn, _ = loaded
-        failures = (
-            1
-            + session.exec(
-                select(func.count())
-                .select_from(EventRow)
-                .where(
-                    EventRow.root_id == conv.root_id,
-                    EventRow.turn_id == turn_id,
-                    EventRow.conversation_id == conversation_id,
-                    EventRow.step == step,
-                    EventRow.name == EventName.LLM_FAILED.value,
-                )
-            ).one()
-        )
-        delay = retry_delay(retry, failures) if exc.retryable else None
+        attempt = conv.step_failures + 1
         outbox.record(
             EventName.LLM_FAILED,
             conv,
             turn,
             step=step,
+            model=call.model,
             error=redact(str(exc)),
             status=exc.status,
             body=redact(exc.body or ""),
-            attempt=failures,
+            attempt=attempt,
             retry_in=None if delay is None else round(delay, 3),
+            policy=policy,
         )
         if delay is not None:  # the retry is another execution
-            return [_defer(session, conv, delay)]
+            failed = (attempt, failure_log(conv, call, exc))
+            return [_defer(session, conv, delay, failed=failed)]
+        assert isinstance(decided, Stop)
         ended = finish_turn(
-            session,
-            outbox,
-            conv,
-            turn,
-            TurnStatus.FAILED,
-            error=redact(f"model call failed after {failures} attempt(s): {exc}"),
+            session, outbox, conv, turn, TurnStatus.FAILED, error=stop_error(policy, decided)
         )
     return ended or []
 

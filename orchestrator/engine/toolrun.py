@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlmodel import Session
@@ -12,12 +12,15 @@ from sqlmodel import Session
 from orchestrator import registry
 from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
+from orchestrator.engine.callpolicies import tool_call, tool_refusal
 from orchestrator.engine.cancel import cancel_watch
 from orchestrator.engine.subagents import is_subagent_call, start_child
 from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, archives, read_output
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.logs import bind, redact
+from orchestrator.policies import Policy, Stop, ToolCall
+from orchestrator.policies.chain import after_tool, before_tool, policies_of
 from orchestrator.runtime import Runtime
 from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.subagent_sql import (
@@ -48,9 +51,7 @@ log = logging.getLogger(__name__)
 INVALID_ARGUMENTS = "__invalid_arguments__"
 
 
-def _execute(
-    call: CallFields, ctx: ToolContext, should_stop: Callable[[], bool]
-) -> tuple[Any, bool]:
+def _execute(call: ToolCall, ctx: ToolContext, should_stop: Callable[[], bool]) -> tuple[Any, bool]:
     """(result, is_error). Every failure becomes an error result the model sees."""
     try:
         if INVALID_ARGUMENTS in call.params:
@@ -113,7 +114,8 @@ def run_tool(
     call, turn, conv = claimed
     _bind(call, turn, conv)
     spec = AgentSpec.model_validate(conv.agent_spec)
-    refused = refusal(spec, call.tool) or _exhausted(rt, call)
+    policies = policies_of(spec)
+    refused, run = _admitted(rt, spec, policies, claimed)
     if refused is not None:  # never run a tool the agent was not given, nor one past its runs
         with rt.transaction() as (session, outbox):
             _store_result(session, outbox, call, turn, conv, refused, True)
@@ -142,10 +144,11 @@ def run_tool(
             result, is_error = _read(rt, conv, call, spec.tool_output_limit)
         else:
             should_stop = cancel_watch(rt, turn.correlation_id, STOP_POLL)
-            result, is_error = _execute(call, ctx, should_stop)
+            result, is_error = _execute(run, ctx, should_stop)
     except ToolStopped:
         log.info("tool %s stopped: its job is being stopped", call.tool)
         return []
+    after_tool(policies, run, result, is_error)
     log.info("tool %s %s (attempt %d)", call.tool, "failed" if is_error else "done", call.attempts)
     result = _cap(storable(result), rt.settings.max_tool_result_chars)
     limit = spec.tool_output_limit
@@ -165,6 +168,23 @@ def run_tool(
     elif stored:
         rt.publish(started)
     return []
+
+
+def _admitted(
+    rt: Runtime, spec: AgentSpec, policies: Sequence[Policy], claimed: Claimed
+) -> tuple[str | None, ToolCall]:
+    """The call as it runs (its params as the agent's policies rewrote
+    them), and the error result instead of a run: a tool the agent was not
+    given, a call past its runs, or one a policy refused (else None)."""
+    call, turn, conv = claimed
+    run = tool_call(spec, call, (turn.id, turn.context_data), conv.id)
+    refused = refusal(spec, call.tool) or _exhausted(rt, call)
+    if refused is not None or not policies:
+        return refused, run
+    policy, decided = before_tool(policies, run)
+    if isinstance(decided, Stop):
+        return tool_refusal(policy, decided), run
+    return None, decided
 
 
 def _exhausted(rt: Runtime, call: CallFields) -> str | None:

@@ -17,6 +17,7 @@ from orchestrator.engine.checkpoint import strategy_of
 from orchestrator.engine.conversations import load_idle
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.errors import ConversationBusyError, InvalidRequestError, UnknownAgentError
+from orchestrator.policies import check_policies
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings
 from orchestrator.spec_checks import check_inline, check_spec
@@ -39,7 +40,8 @@ class JobRef:
 def resolve_agent(agent: str | AgentSpec) -> AgentSpec:
     """The registered agent of that name, or an inline spec, once everything
     it names exists (tools, subagents, handoff targets, context
-    transformers, checkpoint strategy, in it and in the agents it names) and its settings pass
+    transformers, checkpoint strategy, policies, in it and in the agents it
+    names) and its settings pass
     :func:`~orchestrator.spec_checks.check_spec`: a spec that would fail every
     step is refused here, at submit."""
     spec = registry.get_agent(agent) if isinstance(agent, str) else agent
@@ -51,6 +53,7 @@ def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
     seen.add(spec.name)
     check_spec(spec)
     registry.check_agent(spec)
+    check_policies(spec.policies)
     for name in spec.context:
         transformer(spec, name)
     strategy_of(spec)

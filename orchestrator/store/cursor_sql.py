@@ -51,9 +51,15 @@ def move_by_version(
 
 def progress(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with what every move sets: the stall clock restarts, the
-    sweeper's re-dispatch count and any deferral of the old position are
-    cleared."""
-    return {"redispatches": 0, "due_at": None, "progress_at": utcnow(), **values}
+    sweeper's re-dispatch count, any deferral of the old position and its
+    failed model calls (the retry count) are cleared."""
+    return {
+        "redispatches": 0,
+        "step_failures": 0,
+        "due_at": None,
+        "progress_at": utcnow(),
+        **values,
+    }
 
 
 def move_from_position(

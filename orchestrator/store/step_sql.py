@@ -65,6 +65,8 @@ class LeasedConversation(NamedTuple):
     turn_id: str
     cursor_step: int
     priority: int
+    step_failures: int
+    step_failure_log: list[dict[str, Any]] | None
 
 
 class LeasedTurn(NamedTuple):
@@ -232,6 +234,7 @@ STEP_MOVE = (
         lease_owner=None,
         lease_until=None,
         redispatches=0,
+        step_failures=0,
         due_at=None,
         progress_at=db_now(),
         input_tokens=_CONVERSATIONS.c.input_tokens + bindparam("b_input"),
@@ -260,14 +263,21 @@ def batch_riders(calls: int) -> Riders:
 
 
 @cache
-def release(owned: bool, deferred: bool) -> Update:
+def release(owned: bool, deferred: bool, failed: bool = False) -> Update:
     """The statement of :func:`release_lease`, built once per form: by
-    owner or not, and whether it defers the step ``b_due_in`` seconds (the
-    database's clock)."""
+    owner or not, whether it defers the step ``b_due_in`` seconds (the
+    database's clock) and whether it records a failed model call: the retry
+    count ``b_failures`` and the failure log ``b_failure_log``
+    (:mod:`~orchestrator.engine.callpolicies`), in the same update."""
     where = [_CONVERSATIONS.c.id == bindparam("b_conv")]
     if owned:
         where.append(_CONVERSATIONS.c.lease_owner == bindparam("b_owner"))
     values: dict[str, Any] = {"due_at": db_now(bindparam("b_due_in"))} if deferred else {}
+    if failed:
+        values["step_failures"] = bindparam("b_failures")
+        values["step_failure_log"] = bindparam(
+            "b_failure_log", type_=_CONVERSATIONS.c.step_failure_log.type
+        )
     return update(_CONVERSATIONS).where(*where).values(lease_owner=None, lease_until=None, **values)
 
 
@@ -302,16 +312,24 @@ def take_lease(
 
 
 def release_lease(
-    db: Db, conversation_id: str, owner: str | None = None, due_in: float | None = None
+    db: Db,
+    conversation_id: str,
+    owner: str | None = None,
+    due_in: float | None = None,
+    failed: tuple[int, list[dict[str, Any]]] | None = None,
 ) -> None:
     """Give the model-call lease up (only if ``owner`` holds it, when given),
-    deferring the step ``due_in`` seconds in the same update (:func:`release`).
-    A Core update: a conversation object a session holds keeps its loaded
-    lease (nothing reads it after a release)."""
+    deferring the step ``due_in`` seconds and recording ``failed`` (the
+    retry count and failure log of a failed model call) in the same update
+    (:func:`release`). A Core update: a conversation object a session holds
+    keeps its loaded lease (nothing reads it after a release)."""
     params: dict[str, Any] = {"b_conv": conversation_id, "b_due_in": due_in}
     if owner is not None:
         params["b_owner"] = owner
-    execute(connection_of(db), release(owner is not None, due_in is not None), params)
+    if failed is not None:
+        params["b_failures"], params["b_failure_log"] = failed
+    statement = release(owner is not None, due_in is not None, failed is not None)
+    execute(connection_of(db), statement, params)
 
 
 def deferred_until(connection: Connection, ids: tuple[str, str, int]) -> Sequence[Any] | None:

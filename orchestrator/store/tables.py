@@ -92,6 +92,12 @@ class Conversation(SQLModel, table=True):
     #: How often the sweeper re-sent the current cursor position; every
     #: cursor move resets it. Past a bound the turn fails.
     redispatches: int = 0
+    #: Failed model calls at the cursor's current position: the retry count
+    #: the step's policies see as ``attempt - 1`` (every cursor move resets it).
+    step_failures: int = 0
+    #: Those failures, oldest first (model, status, retryable, error): what a
+    #: policy decides by across task boundaries (``orchestrator/policies``).
+    step_failure_log: list[dict[str, Any]] | None = _json()
     #: The priority of the job whose turn this conversation runs (0-9,
     #: higher first): every task serving the cursor is sent with it.
     priority: int = DEFAULT_PRIORITY
