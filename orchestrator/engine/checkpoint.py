@@ -22,7 +22,6 @@ from orchestrator.engine.budget import lock_job, record_paid
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
 from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
-from orchestrator.llm.call import complete, warm
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
@@ -153,7 +152,7 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
     failure raises :class:`~orchestrator.errors.ModelError` and stores
     nothing.
     """
-    warm()  # before admission: an admitted call is sent at once, not after imports
+    rt.model.warm()  # before admission: an admitted call is sent at once, not after imports
     with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         turn = session.get(Turn, conv.turn_id) if conv and conv.turn_id else None
@@ -203,7 +202,7 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         )
         boundary_id = boundary.id
 
-    reply = complete(agent.model, prompt, None, agent.model_settings)
+    reply = rt.model.complete(agent.model, prompt, None, agent.model_settings)
     record_output(*limits, turn.context_data, reply.usage.output_tokens, allowance)
 
     with rt.transaction() as (session, outbox):

@@ -56,7 +56,7 @@ from orchestrator.engine.stepstatements import (
 from orchestrator.engine.subagents import subagent_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import ConversationIds, DeltaBatcher, Outbox, TurnIds
-from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
+from orchestrator.llm.call import ModelReply, tool_to_openai
 from orchestrator.logs import StreamRedaction, bind, redact
 from orchestrator.policies import retry_delay
 from orchestrator.ratelimit import RateLimited, admit, record_output, request_tokens
@@ -256,7 +256,7 @@ def _run_step(
     answered: list[ModelReply],
 ) -> list[Action]:
     began = time.monotonic()
-    warm()  # before admission: an admitted call is sent at once, not after imports
+    rt.model.warm()  # before admission: an admitted call is sent at once, not after imports
     ids = (conversation_id, turn_id, step)
     taken = _take_lease(rt, ids, owner)
     if taken is None:
@@ -328,7 +328,7 @@ def _run_step(
                 )
                 if ended is not None:
                     return ended
-            reply = complete(
+            reply = rt.model.complete(
                 spec.model,
                 messages,
                 tools or None,
