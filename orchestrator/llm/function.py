@@ -210,5 +210,3 @@ def _stream(
         usage=usage,
         finish_reason="tool_calls" if calls else "stop",
     )
-
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 import threading
@@ -12,11 +13,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from orchestrator import keys
 from orchestrator.client import Client, Job
+from orchestrator.events import ENTRY_EVENT
 from orchestrator.llm.client import ModelClient
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings
 from orchestrator.store.migrate import upgrade
+from orchestrator.store.tables import Turn
 from orchestrator.testing.inline import InlineDispatcher
 from schemas import Event, EventName
 
@@ -49,8 +53,9 @@ class Harness:
             :class:`~orchestrator.llm.function.ScriptedModel`); by default
             the real one (litellm), which also plays ``scripted/<name>``
             models registered with :func:`~orchestrator.llm.scripted.register_script`.
-        redis_url: A Redis to use instead of the embedded one; keys go
-            under a prefix of this harness's own (deleted at exit).
+        redis_url: A Redis to use instead of the embedded one (one
+            redis-server a process, started by the first harness). Either
+            way this harness's keys go under a prefix of its own, deleted at exit.
         database_url: A database to use instead of a fresh SQLite file
             (migrated on entry).
         settings: Any other :class:`~orchestrator.settings.Settings` field
@@ -103,12 +108,8 @@ class Harness:
                 **self.overrides,
             )
             if self.redis_url is None:
-                from orchestrator.local import embedded_redis
-
-                url = stack.enter_context(embedded_redis(settings))
-                settings = settings.model_copy(update={"redis_url": url})
-            else:
-                stack.callback(_forget_keys, settings)
+                settings = settings.model_copy(update={"redis_url": _embedded_redis()})
+            stack.callback(_forget_keys, settings)
             _migrated(settings, state)
             runtime = Runtime(settings, self.model)
             self._dispatcher = InlineDispatcher(runtime)
@@ -171,27 +172,63 @@ class Harness:
         events = list(job.events(deltas=False, timeout=30))
         return [e for e in events if not wanted or e.name in wanted]
 
+    def live(self, job: Job) -> list[Event]:
+        """Every event of the job's tree its live Redis stream holds, in
+        order, ``assistant.delta`` events included (the stored ones carry
+        their ``seq``). Runs what is queued first."""
+        self.run()
+        settings = self.runtime.settings
+        stream = keys.events_stream(settings.redis_prefix, job.root_id)
+        with self.runtime.session() as session:
+            turn = session.get(Turn, job.id)
+            assert turn is not None
+            correlation_id = turn.correlation_id
+        entries: Any = self.runtime.redis.xrange(stream)
+        events = (Event.model_validate_json(fields[ENTRY_EVENT]) for _, fields in entries)
+        return [e for e in events if e.correlation_id == correlation_id]
 
-_templates: dict[str, Path] = {}
-_templates_lock = threading.Lock()
+
+class _Shared:
+    """What harnesses of one process share, made once: the embedded Redis
+    (each harness has its own key prefix), a SQLite file migrated to the
+    newest schema (each harness copies it: migrating takes a second), and
+    the databases already migrated."""
+
+    lock = threading.Lock()
+    redis_url: str | None = None
+    schema: Path | None = None
+    migrated: set[str] = set()
+    resources = ExitStack()
+
+
+def _embedded_redis() -> str:
+    """The URL of this process's embedded Redis (stopped at exit)."""
+    from orchestrator.local import embedded_redis
+
+    with _Shared.lock:
+        if _Shared.redis_url is None:
+            state = Path(tempfile.mkdtemp(prefix="chorus-harness-redis-"))
+            _Shared.resources.callback(shutil.rmtree, state, ignore_errors=True)
+            url = _Shared.resources.enter_context(embedded_redis(Settings(state_dir=state)))
+            atexit.register(_Shared.resources.close)
+            _Shared.redis_url = url
+        return _Shared.redis_url
 
 
 def _migrated(settings: Settings, state: Path) -> None:
-    """Bring the harness's database to the newest schema: a SQLite file is a
-    copy of one migrated once per process (migrating takes a second)."""
-    if settings.database_url is not None:
-        upgrade(settings.db_url)
-        return
-    target = Path(settings.db_url.removeprefix("sqlite:///"))
-    with _templates_lock:
-        template = _templates.get("head")
-        if template is None or not template.exists():
+    """Bring the harness's database to the newest schema."""
+    with _Shared.lock:
+        if settings.database_url is not None:
+            if settings.database_url not in _Shared.migrated:
+                upgrade(settings.db_url)
+                _Shared.migrated.add(settings.database_url)
+            return
+        if _Shared.schema is None:
             folder = Path(tempfile.mkdtemp(prefix="chorus-harness-schema-"))
-            template = folder / "chorus.db"
-            upgrade(f"sqlite:///{template}")
-            _templates["head"] = template
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(template, target)
+            _Shared.resources.callback(shutil.rmtree, folder, ignore_errors=True)
+            upgrade(f"sqlite:///{folder / 'chorus.db'}")
+            _Shared.schema = folder / "chorus.db"
+    shutil.copyfile(_Shared.schema, Path(settings.db_url.removeprefix("sqlite:///")))
 
 
 def _forget_keys(settings: Settings) -> None:

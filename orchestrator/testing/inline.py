@@ -107,7 +107,9 @@ class InlineDispatcher:
     def revoke(self, task_ids: list[str]) -> None:
         """Drop queued tool calls with these ids (a revoked task never runs)."""
         ids = set(task_ids)
-        kept = [q for q in self._queue if not (isinstance(q.work, _Part) and q.work.call.call_id in ids)]
+        kept = [
+            q for q in self._queue if not (isinstance(q.work, _Part) and q.work.call.call_id in ids)
+        ]
         if len(kept) != len(self._queue):
             self._queue = kept
             heapq.heapify(self._queue)
@@ -186,9 +188,7 @@ class InlineDispatcher:
         if chord.left == 0:
             self._queue_work(_advance_of(chord.segment))
 
-    def _task(
-        self, work: Work
-    ) -> tuple[Callable[[], list[Action]], Callable[[str], list[Action]]]:
+    def _task(self, work: Work) -> tuple[Callable[[], list[Action]], Callable[[str], list[Action]]]:
         """What the ``chorus.*`` task of ``work`` runs, and how it fails."""
         rt = self.rt
         if isinstance(work, RunStep):
@@ -200,7 +200,9 @@ class InlineDispatcher:
         if isinstance(work, _Part):
             call = work.call
             return (
-                lambda: engine.run_tool(rt, call.call_id, call.call_id, is_subagent_call(call.tool)),
+                lambda: engine.run_tool(
+                    rt, call.call_id, call.call_id, is_subagent_call(call.tool)
+                ),
                 lambda error: fail_call(rt, call.call_id, error),
             )
         if isinstance(work, RunAdvance):
