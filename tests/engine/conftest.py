@@ -14,25 +14,30 @@ import pytest
 
 from orchestrator import Client
 from orchestrator.testing import Harness
-from tests.conftest import LOOPBACK_ENDPOINTS, TEST_MODULES
+from tests.conftest import LOOPBACK_ENDPOINTS, OPENAI_API_KEY, TEST_MODULES
 from tests.services import Services
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def harness(services: Services) -> Iterator[Harness]:
     """The test agents (``tests.agents``), their scripts played by the real
-    model client, on the test services' database and Redis."""
-    with Harness(
-        modules=[TEST_MODULES],
-        redis_url=services.redis_url,
-        database_url=services.database_url,
-        max_children=200,
-        max_depth=3,
-        model_endpoints=[LOOPBACK_ENDPOINTS],
-    ) as h:
+    model client, on the test services' database and Redis; the provider
+    key the fleet's workers have (the loopback model servers ask for one)."""
+    with (
+        pytest.MonkeyPatch.context() as env,
+        Harness(
+            modules=[TEST_MODULES],
+            redis_url=services.redis_url,
+            database_url=services.database_url,
+            max_children=200,
+            max_depth=3,
+            model_endpoints=[LOOPBACK_ENDPOINTS],
+        ) as h,
+    ):
+        env.setenv("OPENAI_API_KEY", OPENAI_API_KEY)
         yield h
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def client(harness: Harness) -> Client:
     return harness.client

@@ -26,7 +26,7 @@ HERE = __name__
 
 
 @tool
-def add(a: int, b: int) -> int:
+def h_add(a: int, b: int) -> int:
     """Add two numbers.
 
     Args:
@@ -37,7 +37,7 @@ def add(a: int, b: int) -> int:
 
 
 @tool
-def note(label: str) -> str:
+def h_note(label: str) -> str:
     """Note a label.
 
     Args:
@@ -47,7 +47,7 @@ def note(label: str) -> str:
 
 
 @tool(parallelizable=False)
-def note_alone(label: str) -> str:
+def h_note_alone(label: str) -> str:
     """Note a label, never beside another call.
 
     Args:
@@ -56,15 +56,15 @@ def note_alone(label: str) -> str:
     return label
 
 
-Agent("h-calculator", "test/calculator", system="You add.", tools=[add])
-Agent("h-ordering", "test/ordering", tools=[note, note_alone])
+Agent("h-calculator", "test/calculator", system="You add.", tools=[h_add])
+Agent("h-ordering", "test/ordering", tools=[h_note, h_note_alone])
 Agent("h-retrying", "test/retrying", retry=RetryPolicy(initial_delay=0.3, jitter=0))
 Agent("h-plain", "test/plain")
 
 
 def calculator(request: ModelRequest) -> Reply | str:
     if not request.tool_results:
-        return Reply.call(call("add", a=2, b=3), text="Let me add. ")
+        return Reply.call(call("h_add", a=2, b=3), text="Let me add. ")
     return f"2 + 3 = {request.tool_results[0]}"
 
 
@@ -89,7 +89,7 @@ def test_a_function_model_runs_a_tool_loop(embedded: Harness) -> None:
     # the model was asked twice: with the tool offered, then with its result
     first, second = model.requests
     assert first.model == "test/calculator" and first.system == "You add."
-    assert first.tool_names == ["add"] and first.user_text == "2+3?"
+    assert first.tool_names == ["h_add"] and first.user_text == "2+3?"
     assert second.tool_results == ["5"] and second.steps == 1
     # and the events are a fleet's: the call requested, started, completed
     names = [e.name for e in embedded.events(job)]
@@ -111,8 +111,8 @@ def test_a_parallel_batch_and_a_barrier_run_in_the_right_shape() -> None:
     def model(request: ModelRequest) -> Reply | str:
         if request.steps:
             return "done"
-        labels = [("note", "p1"), ("note", "p2"), ("note_alone", "b"), ("note", "q1")]
-        return Reply.call(*(call(name, label=label) for name, label in [*labels, ("note", "q2")]))
+        labels = [("h_note", "p1"), ("h_note", "p2"), ("h_note_alone", "b"), ("h_note", "q1")]
+        return Reply.call(*(call(name, label=label) for name, label in [*labels, ("h_note", "q2")]))
 
     with Harness(modules=[HERE], model=FunctionModel(model)) as h:
         job = h.client.submit("h-ordering", "go")
@@ -185,7 +185,7 @@ def test_work_held_runs_one_item_at_a_time() -> None:
 def test_a_scripted_model_plays_its_script_per_agent() -> None:
     model = ScriptedModel(
         {
-            "test/calculator": [Reply.call(call("add", a=1, b=1)), Reply.say("two")],
+            "test/calculator": [Reply.call(call("h_add", a=1, b=1)), Reply.say("two")],
             "test/plain": [lambda messages: Reply.say(f"{len(messages)} messages")],
         }
     )
