@@ -48,18 +48,9 @@ class ModelClient(Protocol):
 
 class LiteLLMClient:
     """The real client: litellm for every provider, the openai SDK for
-    OpenAI-protocol ones (see :func:`orchestrator.llm.call.complete`)."""
+    OpenAI-protocol ones (:func:`orchestrator.llm.call.complete` and
+    :func:`orchestrator.llm.call.warm` themselves: no frame added to the
+    hot path)."""
 
-    def warm(self) -> None:
-        call.warm()
-
-    def complete(
-        self,
-        model: str,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        model_settings: dict[str, Any],
-        on_delta: Callable[[str], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> ModelReply:
-        return call.complete(model, messages, tools, model_settings, on_delta, should_stop)
+    warm = staticmethod(call.warm)
+    complete = staticmethod(call.complete)
