@@ -17,7 +17,7 @@ from orchestrator import (
     UnknownAgentError,
     tool,
 )
-from orchestrator.engine.actions import RunAdvance, RunStep, ToolTask
+from orchestrator.engine.actions import Dequeue, RunAdvance, RunStep, ToolTask
 from orchestrator.testing import FunctionModel, Harness, ModelRequest, Reply, ScriptedModel, call
 from schemas import EventName, RetryPolicy, TurnStatus
 from tests.conftest import tool_calls
@@ -226,3 +226,23 @@ def test_a_harness_is_usable_only_while_open() -> None:
         assert h.client.submit("h-calculator", "2+3?").result() == "2 + 3 = 5"
     with pytest.raises(RuntimeError, match="not started"):
         h.client  # noqa: B018
+
+
+def test_a_cancel_between_steps_drops_the_queued_tool_calls() -> None:
+    with Harness(modules=[HERE], model=FunctionModel(calculator)) as h:
+        # Given a job whose step asked for a tool call not yet run
+        with h.held() as dispatcher:
+            job = h.client.submit("h-calculator", "2+3?")
+            assert isinstance(h.run_next(), RunStep)
+            assert [type(a) for a in dispatcher.pending] == [ToolTask]
+
+            # When the job is cancelled
+            job.cancel()
+
+            # Then the call is revoked: it never runs, and the turn ended cancelled
+            assert [type(a) for a in dispatcher.pending] == [Dequeue]
+        assert job.status().status is TurnStatus.CANCELLED
+        with pytest.raises(JobFailedError, match="cancelled"):
+            job.result()
+        names = [e.name for e in h.events(job)]
+        assert EventName.TOOL_STARTED not in names and names[-1] is EventName.TURN_CANCELLED
