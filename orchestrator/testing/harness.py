@@ -15,6 +15,8 @@ from typing import Any
 
 from orchestrator import keys
 from orchestrator.client import Client, Job
+from orchestrator.engine.actions import Action, ToolTask
+from orchestrator.errors import ConfigurationError
 from orchestrator.events import ENTRY_EVENT
 from orchestrator.llm.client import ModelClient
 from orchestrator.runtime import Runtime
@@ -71,6 +73,9 @@ class Harness:
         database_url: str | None = None,
         **settings: Any,
     ) -> None:
+        unknown = sorted(set(settings) - set(Settings.model_fields))
+        if unknown:
+            raise ConfigurationError(f"Harness: no setting named {', '.join(map(repr, unknown))}")
         self.modules = list(modules)
         self.model = model
         self.redis_url = redis_url
@@ -118,7 +123,8 @@ class Harness:
             self._stack = stack.pop_all()
 
     def close(self) -> None:
-        """Stop Redis (if embedded) and delete the store (done by ``with``)."""
+        """Close the client, delete this harness's Redis keys and its
+        temporary directory (done by ``with``)."""
         stack, self._stack = self._stack, None
         self._client = self._dispatcher = None
         if stack is not None:
@@ -128,14 +134,14 @@ class Harness:
     def client(self) -> Client:
         """The client: ``submit``, ``send``, ``job``, ``history``... as on a fleet."""
         if self._client is None:
-            raise RuntimeError("the harness is not started: use `with Harness(...) as h:`")
+            raise _not_started()
         return self._client
 
     @property
     def dispatcher(self) -> InlineDispatcher:
         """The inline dispatcher (``ran``: every action run so far)."""
-        self.client  # noqa: B018 (raises if not started)
-        assert self._dispatcher is not None
+        if self._dispatcher is None:
+            raise _not_started()
         return self._dispatcher
 
     @property
@@ -147,7 +153,7 @@ class Harness:
         """Run the queued work until none is left; returns how many items ran."""
         return self.dispatcher.run()
 
-    def run_next(self) -> object | None:
+    def run_next(self) -> Action | ToolTask | None:
         """Run the next queued item (an engine action, or a tool call's
         ``ToolTask``) and return it; None when none is left."""
         return self.dispatcher.run_next()
@@ -186,6 +192,10 @@ class Harness:
         entries: Any = self.runtime.redis.xrange(stream)
         events = (Event.model_validate_json(fields[ENTRY_EVENT]) for _, fields in entries)
         return [e for e in events if e.correlation_id == correlation_id]
+
+
+def _not_started() -> ConfigurationError:
+    return ConfigurationError("the harness is not started: use `with Harness(...) as h:`")
 
 
 class _Shared:

@@ -10,6 +10,7 @@ import pytest
 
 from orchestrator import (
     Agent,
+    ConfigurationError,
     ConversationNotFound,
     InvalidRequestError,
     JobFailedError,
@@ -219,13 +220,16 @@ def test_errors_are_the_fleets_chorus_errors() -> None:
 
 
 def test_a_harness_is_usable_only_while_open() -> None:
-    h = Harness(modules=[HERE], model=FunctionModel(calculator))
-    with pytest.raises(RuntimeError, match="not started"):
+    with pytest.raises(ConfigurationError, match="no setting named 'max_dept'"):
+        Harness(modules=[HERE], max_dept=2)
+    h = Harness(modules=[HERE], model=FunctionModel(calculator), max_depth=2)
+    with pytest.raises(ConfigurationError, match="not started"):
         h.client  # noqa: B018
     with h:
+        assert h.runtime.settings.max_depth == 2
         assert h.client.submit("h-calculator", "2+3?").result() == "2 + 3 = 5"
-    with pytest.raises(RuntimeError, match="not started"):
-        h.client  # noqa: B018
+    with pytest.raises(ConfigurationError, match="not started"):
+        h.run()
 
 
 def test_a_cancel_between_steps_drops_the_queued_tool_calls() -> None:
