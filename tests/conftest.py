@@ -27,8 +27,6 @@ LOOPBACK_ENDPOINTS = "http://127.0.0.1"
 #: The workers' Groq key: of no known shape, so only redaction by value
 #: keeps it out of events, rows, errors and logs.
 PROVIDER_KEY = "Qv7Lw2Tz9Rb4Xm8Nc3Pd"
-#: The key OpenAI-protocol calls (to the loopback model servers) carry.
-OPENAI_API_KEY = "sk-test-not-a-secret"
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +66,7 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
         CHORUS_STALL_TIMEOUT=str(settings.stall_timeout),
         CHORUS_SWEEP_INTERVAL=str(settings.sweep_interval),
         PYTHONPATH=str(ROOT),
-        OPENAI_API_KEY=OPENAI_API_KEY,
+        OPENAI_API_KEY="sk-test-not-a-secret",
         GROQ_API_KEY=PROVIDER_KEY,
         CHORUS_LOG_FORMAT="json",
         CHORUS_MAX_CHILDREN=str(settings.max_children),

@@ -14,8 +14,12 @@ import pytest
 
 from orchestrator import Client
 from orchestrator.testing import Harness
-from tests.conftest import LOOPBACK_ENDPOINTS, OPENAI_API_KEY, TEST_MODULES
+from tests.conftest import LOOPBACK_ENDPOINTS, TEST_MODULES
 from tests.services import Services
+
+#: The key the fleet's workers carry for OpenAI-protocol calls (tests/conftest.py
+#: worker_env): the loopback model servers' calls need one.
+OPENAI_API_KEY = "sk-test-not-a-secret"
 
 
 @pytest.fixture(scope="module")
