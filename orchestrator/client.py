@@ -15,9 +15,9 @@ from sqlmodel import Session, col, select
 
 from orchestrator import registry
 from orchestrator.celery_conf import make_celery
-from orchestrator.dispatch import dispatch
+from orchestrator.dispatch import CeleryDispatcher
 from orchestrator.engine import conversations, inbox
-from orchestrator.engine.actions import TakeCheckpoint
+from orchestrator.engine.actions import Dispatcher, TakeCheckpoint
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
 from orchestrator.engine.tool_outputs import archived
@@ -116,16 +116,27 @@ class Client:
     :class:`~orchestrator.errors.InvalidRequestError` naming the field.
 
     Args:
-        settings: defaults to :func:`~orchestrator.settings.load_settings`.
-            ``settings.modules`` are imported so that the client knows which
-            agents and tools the workers registered.
+        settings: defaults to :func:`~orchestrator.settings.load_settings`
+            (or ``runtime``'s). ``settings.modules`` are imported so that the
+            client knows which agents and tools the workers registered.
+        runtime: the connections and model client to use; by default built
+            from ``settings``.
+        dispatcher: what runs the engine's actions; by default Celery, sending
+            them to the fleet (:mod:`orchestrator.testing` runs them inline).
     """
 
-    def __init__(self, settings: Settings | None = None) -> None:
-        self.settings = settings or load_settings()
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        runtime: Runtime | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
+        self.settings = settings or (runtime.settings if runtime is not None else load_settings())
         registry.load_modules(self.settings.modules)
-        self.runtime = Runtime(self.settings)
+        self.runtime = runtime if runtime is not None else Runtime(self.settings)
         self.celery = make_celery(self.settings, main="chorus-client")
+        self.dispatcher: Dispatcher = dispatcher or CeleryDispatcher(self.celery)
 
     @cached_property
     def ends(self) -> TurnEnds:
@@ -177,7 +188,7 @@ class Client:
         except ValidationError as exc:
             raise invalid(exc, "job request") from None
         ref, actions = start_turn(self.runtime, request)
-        dispatch(self.celery, actions)
+        self.dispatcher.send(actions)
         return Job(self, ref)
 
     def job(self, job_id: str) -> Job:
@@ -212,7 +223,7 @@ class Client:
         except ValidationError as exc:
             raise invalid(exc, "message") from None
         entry, actions = inbox.send(self.runtime, _known(conversation_id), text, options)
-        dispatch(self.celery, actions)
+        self.dispatcher.send(actions)
         return entry
 
     def job_for_message(self, conversation_id: str, entry_id: str) -> Job | None:
@@ -242,8 +253,8 @@ class Client:
         """
         revoke, actions = cancel(self.runtime, _id(job_id, "job_id"))
         if revoke:
-            self.celery.control.revoke(revoke)
-        dispatch(self.celery, actions)
+            self.dispatcher.revoke(revoke)
+        self.dispatcher.send(actions)
 
     def checkpoint(self, conversation_id: str) -> None:
         """Summarize the conversation in the background (``checkpoint.started|completed``):
@@ -251,7 +262,7 @@ class Client:
         with self.runtime.session() as session:
             if session.get(Conversation, _known(conversation_id)) is None:
                 raise ConversationNotFound(conversation_id)
-        dispatch(self.celery, [TakeCheckpoint(conversation_id, DEFAULT_PRIORITY)])
+        self.dispatcher.send([TakeCheckpoint(conversation_id, DEFAULT_PRIORITY)])
 
     def fork(self, conversation_id: str) -> str:
         """A new conversation with a copy of this one's messages; returns its id."""

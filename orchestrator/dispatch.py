@@ -23,6 +23,19 @@ from orchestrator.engine.actions import (
 from orchestrator.engine.subagents import is_subagent_call
 
 
+class CeleryDispatcher:
+    """Sends actions to the fleet as Celery canvas (:func:`dispatch`)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def send(self, actions: Iterable[Action]) -> None:
+        dispatch(self.app, actions)
+
+    def revoke(self, task_ids: list[str]) -> None:
+        self.app.control.revoke(task_ids)
+
+
 def _short(value: str) -> str:
     return value[:8]
 

@@ -12,6 +12,7 @@ from sqlmodel import Session
 
 from orchestrator.errors import ConfigurationError
 from orchestrator.events import Outbox, publish_live
+from orchestrator.llm.client import LiteLLMClient, ModelClient
 from orchestrator.settings import Settings
 from orchestrator.store.db import Pool, autocommit_scope, session_scope
 from orchestrator.store.dialect import url_is_postgres
@@ -19,10 +20,16 @@ from schemas import Event
 
 
 class Runtime:
-    """Connections built lazily, so a prefork parent never holds one."""
+    """Connections built lazily, so a prefork parent never holds one.
 
-    def __init__(self, settings: Settings) -> None:
+    ``model`` is the client every model call goes through: by default the
+    real one (litellm and the openai SDK); a test passes an in-process one
+    (:mod:`orchestrator.testing`).
+    """
+
+    def __init__(self, settings: Settings, model: ModelClient | None = None) -> None:
         self.settings = settings
+        self.model: ModelClient = model if model is not None else LiteLLMClient()
 
     @cached_property
     def redis(self) -> redis.Redis:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -135,3 +137,15 @@ def position_of(task_id: str) -> Position | None:
     except ValueError:
         return None
     return None
+
+
+class Dispatcher(Protocol):
+    """Runs what the engine returns: Celery canvas on a fleet
+    (:class:`orchestrator.dispatch.CeleryDispatcher`), or inline in one
+    process (:class:`orchestrator.testing.InlineDispatcher`)."""
+
+    def send(self, actions: Iterable[Action]) -> None:
+        """Send (or run) each action."""
+
+    def revoke(self, task_ids: list[str]) -> None:
+        """Drop these tasks (tool calls of a cancelled job) if still waiting."""

@@ -23,7 +23,6 @@ from orchestrator.engine.callpolicies import checkpoint_call, rate_limits
 from orchestrator.engine.history import latest_checkpoint, load_rows, row_to_message
 from orchestrator.errors import ConversationNotFound, InvalidRequestError
 from orchestrator.events import Outbox
-from orchestrator.llm.call import complete, warm
 from orchestrator.policies import Defer
 from orchestrator.policies.chain import after_model, policies_of
 from orchestrator.ratelimit import RateLimited, request_tokens
@@ -157,7 +156,7 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
     failure raises :class:`~orchestrator.errors.ModelError` and stores
     nothing.
     """
-    warm()  # before admission: an admitted call is sent at once, not after imports
+    rt.model.warm()  # before admission: an admitted call is sent at once, not after imports
     with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         turn = session.get(Turn, conv.turn_id) if conv and conv.turn_id else None
@@ -208,7 +207,7 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         )
         boundary_id = boundary.id
 
-    reply = complete(call.model, call.messages, None, call.settings)
+    reply = rt.model.complete(call.model, call.messages, None, call.settings)
     limits.after_model(call, reply)
     after_model(policies_of(agent), call, reply)
 

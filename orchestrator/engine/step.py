@@ -38,7 +38,7 @@ from orchestrator.engine.subagents import subagent_tool
 from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, read_output_tool
 from orchestrator.errors import ModelError, UnknownAgentError, UnknownToolError
 from orchestrator.events import ConversationIds, DeltaBatcher, Outbox, TurnIds
-from orchestrator.llm.call import ModelReply, complete, tool_to_openai, warm
+from orchestrator.llm.call import ModelReply, tool_to_openai
 from orchestrator.logs import StreamRedaction, bind, redact
 from orchestrator.policies import Defer, ModelCall, Policy, Stop
 from orchestrator.policies.chain import after_model, before_model, on_model_failure, policies_of
@@ -220,7 +220,7 @@ def _run_step(
     answered: list[ModelReply],
 ) -> list[Action]:
     began = time.monotonic()
-    warm()  # before admission: an admitted call is sent at once, not after imports
+    rt.model.warm()  # before admission: an admitted call is sent at once, not after imports
     ids = (conversation_id, turn_id, step)
     taken = _take_lease(rt, ids, owner)
     if taken is None:
@@ -291,7 +291,7 @@ def _run_step(
                 if fitted is None:
                     return ended or []
                 call = fitted
-            reply = complete(
+            reply = rt.model.complete(
                 call.model,
                 call.messages,
                 tools or None,

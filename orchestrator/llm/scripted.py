@@ -32,15 +32,13 @@ tests use both to simulate a misbehaving model.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from dataclasses import dataclass
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -56,64 +54,36 @@ from litellm.types.utils import (
 )
 from litellm.types.utils import Message as LiteLLMMessage
 
+from orchestrator.llm.script import (
+    Reply,
+    ScriptedToolCall,
+    ScriptFailure,
+    ScriptItem,
+    call,
+    play,
+    prompt_tokens,
+    text_pieces,
+    words,
+)
+
+__all__ = [
+    "PROVIDER",
+    "Reply",
+    "ScriptError",
+    "ScriptItem",
+    "ScriptedLLM",
+    "ScriptedToolCall",
+    "call",
+    "install",
+    "offered_tools",
+    "register_script",
+    "scripted_model",
+    "unregister_script",
+]
+
 #: The litellm provider name: models are ``scripted/<script name>``.
 PROVIDER = "scripted"
 
-
-@dataclass(frozen=True)
-class ScriptedToolCall:
-    """One tool call the scripted model makes.
-
-    Attributes:
-        tool: Tool name; need not be one of the tools offered to the model.
-        params: Arguments. A dict is sent as JSON; a string is sent verbatim,
-            which lets a test send arguments that are not valid JSON.
-        id: Tool call id; a unique ``call_<uuid hex>`` is generated when None.
-    """
-
-    tool: str
-    params: dict[str, Any] | str = field(default_factory=dict)
-    id: str | None = None
-
-    def arguments(self) -> str:
-        """The arguments as the string the model sends."""
-        return self.params if isinstance(self.params, str) else json.dumps(self.params)
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One scripted model answer: text, tool calls and optionally its usage.
-
-    Attributes:
-        text: Assistant text (may be empty when there are tool calls).
-        tool_calls: Tool calls, in order.
-        input_tokens: Reported prompt tokens; a word count of the prompt if None.
-        output_tokens: Reported completion tokens; a word count of the reply if None.
-    """
-
-    text: str = ""
-    tool_calls: list[ScriptedToolCall] = field(default_factory=list)
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-
-    @classmethod
-    def say(cls, text: str) -> Reply:
-        """A reply with text only (the model ends its turn)."""
-        return cls(text=text)
-
-    @classmethod
-    def call(cls, *calls: ScriptedToolCall, text: str = "") -> Reply:
-        """A reply that calls tools, with optional text before the calls."""
-        return cls(text=text, tool_calls=list(calls))
-
-
-def call(tool: str, /, **params: Any) -> ScriptedToolCall:
-    """Shorthand for a tool call: ``call("search", query="x")``."""
-    return ScriptedToolCall(tool=tool, params=params)
-
-
-#: A script item: a fixed reply or a function of the received messages.
-ScriptItem: TypeAlias = Reply | Callable[[list[dict[str, Any]]], Reply]
 
 _scripts: dict[str, tuple[ScriptItem, ...]] = {}
 _lock = threading.Lock()
@@ -173,46 +143,10 @@ def _select(model: str, messages: list[dict[str, Any]]) -> Reply:
         known = sorted(_scripts)
     if script is None:
         raise ScriptError(f"no script named {model!r} is registered; registered: {known}")
-    index = sum(1 for m in messages if m.get("role") == "assistant")
-    if index >= len(script):
-        raise ScriptError(
-            f"script {model!r} is exhausted: it has {len(script)} replies and the "
-            f"conversation already holds {index} assistant messages"
-        )
-    item = script[index]
-    if isinstance(item, Reply):
-        return item
     try:
-        reply = item(messages)
-    except CustomLLMError:
-        raise
-    except Exception as exc:
-        raise ScriptError(f"reply #{index} of script {model!r} raised {exc!r}") from exc
-    if not isinstance(reply, Reply):
-        raise ScriptError(f"reply #{index} of script {model!r} returned {reply!r}, not a Reply")
-    return reply
-
-
-def _words(text: str) -> int:
-    return len(text.split())
-
-
-def _content_words(content: Any) -> int:
-    if isinstance(content, str):
-        return _words(content)
-    if isinstance(content, list):
-        return sum(_words(str(p.get("text", ""))) for p in content if isinstance(p, dict))
-    return 0
-
-
-def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    total = 0
-    for message in messages:
-        total += _content_words(message.get("content"))
-        for tool_call in message.get("tool_calls") or []:
-            function = tool_call.get("function") or {}
-            total += 1 + _words(str(function.get("arguments") or ""))
-    return total
+        return play(model, script, messages, passthrough=(CustomLLMError,))
+    except ScriptFailure as exc:
+        raise ScriptError(str(exc)) from exc.__cause__
 
 
 @dataclass(frozen=True)
@@ -245,20 +179,15 @@ def _answer(
     finally:
         _tools.reset(token)
     calls = [(c.id or f"call_{uuid.uuid4().hex}", c.tool, c.arguments()) for c in reply.tool_calls]
-    produced = _words(reply.text) + sum(1 + _words(args) for _, _, args in calls)
+    produced = words(reply.text) + sum(1 + words(args) for _, _, args in calls)
     return _Answer(
         text=reply.text,
         calls=calls,
         prompt_tokens=(
-            reply.input_tokens if reply.input_tokens is not None else _prompt_tokens(messages)
+            reply.input_tokens if reply.input_tokens is not None else prompt_tokens(messages)
         ),
         completion_tokens=reply.output_tokens if reply.output_tokens is not None else produced,
     )
-
-
-def _text_pieces(text: str) -> list[str]:
-    """Split text into word pieces that keep their trailing whitespace."""
-    return [p for p in re.split(r"(?<=\s)(?=\S)", text) if p]
 
 
 def _chunk(text: str = "", **extra: Any) -> GenericStreamingChunk:
@@ -275,7 +204,7 @@ def _chunk(text: str = "", **extra: Any) -> GenericStreamingChunk:
 
 
 def _stream(answer: _Answer) -> Iterator[GenericStreamingChunk]:
-    for piece in _text_pieces(answer.text):
+    for piece in text_pieces(answer.text):
         yield _chunk(piece)
     for index, (call_id, name, args) in enumerate(answer.calls):
         half = len(args) // 2

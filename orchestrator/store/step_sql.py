@@ -134,6 +134,7 @@ TAKE_ALONE = _TAKE.returning(_CONVERSATIONS.c.id)
 LEASED = select_columns(*_LEASED).where(
     _CONVERSATIONS.c.id == bindparam("b_conv"),
     _TURNS.c.id == bindparam("b_turn"),
+    _TURNS.c.conversation_id == _CONVERSATIONS.c.id,  # joined: no cartesian product
     _JOB_TURNS.c.id == func.coalesce(_TURNS.c.job_id, _TURNS.c.id),
 )
 

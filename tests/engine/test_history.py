@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
 from sqlmodel import col, select
 
 from orchestrator import Client
@@ -18,8 +17,6 @@ from orchestrator.ratelimit import json_chars, request_tokens
 from orchestrator.store.tables import CheckpointRow, MessageRow
 from schemas import AgentSpec
 from tests.loopback_llm import LoopbackLLM
-
-pytestmark = pytest.mark.integration
 
 SYSTEM = "You echo."
 
@@ -80,7 +77,7 @@ def _sent(server: LoopbackLLM, first: int = 0) -> list[list[dict[str, Any]]]:
     ]
 
 
-def test_long_conversation_requests_hold_the_whole_history(client: Client, workers: Any) -> None:
+def test_long_conversation_requests_hold_the_whole_history(client: Client) -> None:
     with LoopbackLLM() as server:
         agent = AgentSpec(
             name="history-echo",

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import pytest
 from sqlmodel import select
 
 from orchestrator import Client
@@ -13,12 +11,8 @@ from orchestrator.store.tables import Conversation
 from schemas import EventName
 from tests.conftest import tool_calls
 
-pytestmark = pytest.mark.integration
 
-
-def test_a_tool_the_agent_was_not_given_never_runs(
-    client: Client, workers: Any, tmp_path: Path
-) -> None:
+def test_a_tool_the_agent_was_not_given_never_runs(client: Client, tmp_path: Path) -> None:
     # Given an agent with only `add`, whose model calls `weather`, a tool
     # that leaves a mark, a subagent and final_answer it was never given
     mark = tmp_path / "mark"
@@ -42,9 +36,7 @@ def test_a_tool_the_agent_was_not_given_never_runs(
     assert started == ["add"]
 
 
-def test_the_same_tool_runs_for_an_agent_that_has_it(
-    client: Client, workers: Any, tmp_path: Path
-) -> None:
+def test_the_same_tool_runs_for_an_agent_that_has_it(client: Client, tmp_path: Path) -> None:
     # The control: the mark is what a run of leave_mark leaves
     mark = tmp_path / "mark"
     job = client.submit("sec-marker", "mark it", context_data={"mark": str(mark)})

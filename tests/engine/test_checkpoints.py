@@ -6,15 +6,12 @@ import json
 import time
 from typing import Any
 
-import pytest
 from sqlmodel import select
 
 from orchestrator import Client
 from orchestrator.store.tables import CheckpointRow, Conversation
 from schemas import AgentSpec, EventName
 from tests.loopback_llm import LoopbackLLM
-
-pytestmark = pytest.mark.integration
 
 ALPHA, BRAVO, CHARLIE = ("alpha " * 20).strip(), ("bravo " * 20).strip(), ("charlie " * 15).strip()
 
@@ -23,7 +20,7 @@ def _sent(request: dict[str, Any]) -> str:
     return json.dumps(request["messages"])
 
 
-def test_context_limit_checkpoints_on_its_own_and_on_request(client: Client, workers: Any) -> None:
+def test_context_limit_checkpoints_on_its_own_and_on_request(client: Client) -> None:
     with LoopbackLLM() as server:
         agent = AgentSpec(
             name="forgetful",

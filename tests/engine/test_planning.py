@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from orchestrator import Client, ConversationNotFound
 from schemas import EventName, TodoItem
 from tests.agents import LONG_TODOS
 
-pytestmark = pytest.mark.integration
 
-
-def test_the_plan_is_written_refused_corrected_and_read(client: Client, workers: Any) -> None:
+def test_the_plan_is_written_refused_corrected_and_read(client: Client) -> None:
     # Given an agent with planning whose model writes a plan (beside another
     # tool call), then puts two items in progress, then corrects it
     job = client.submit("keeps-plan", "Plan a trip")
@@ -55,7 +51,7 @@ def test_the_plan_is_written_refused_corrected_and_read(client: Client, workers:
     assert client.plan(job.conversation_id) == []
 
 
-def test_planning_is_opt_in(client: Client, workers: Any) -> None:
+def test_planning_is_opt_in(client: Client) -> None:
     # Given an agent without planning whose model calls manage_todo_list anyway
     job = client.submit("plans-unasked", "Plan a trip")
     answer = job.result(timeout=60)

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
 from orchestrator import Client, JobFailedError
 from schemas import EventName, TurnStatus
 
-pytestmark = pytest.mark.integration
 
-
-def test_structured_output_round_trip_with_an_invalid_attempt(client: Client, workers: Any) -> None:
+def test_structured_output_round_trip_with_an_invalid_attempt(client: Client) -> None:
     # Given a model that first answers in text, then gives an invalid final
     # answer, then (having seen the validation errors) a valid one
     job = client.submit("extractor", "Plan: Lisbon for three nights")
@@ -29,7 +26,7 @@ def test_structured_output_round_trip_with_an_invalid_attempt(client: Client, wo
     assert status.step == 3
 
 
-def test_invalid_output_is_retried_a_bounded_number_of_times(client: Client, workers: Any) -> None:
+def test_invalid_output_is_retried_a_bounded_number_of_times(client: Client) -> None:
     job = client.submit("stubborn", "Plan a trip")
     with pytest.raises(JobFailedError, match="no valid structured output after 3 attempts"):
         job.result(timeout=60)

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import pytest
 from sqlmodel import select
 
 from orchestrator import Client, Job
 from orchestrator.store.tables import Conversation
 from schemas import EventName, Role, ToolCallBlock
-
-pytestmark = pytest.mark.integration
 
 
 def _job_for(client: Client, conversation_id: str, entry: str) -> Job:
@@ -23,7 +19,7 @@ def _job_for(client: Client, conversation_id: str, entry: str) -> Job:
     return job
 
 
-def test_triage_hands_off_to_billing_which_answers(client: Client, workers: Any) -> None:
+def test_triage_hands_off_to_billing_which_answers(client: Client) -> None:
     # Given a triage agent whose model looks the order up and hands off to billing
     job = client.submit("ho-triage", "Refund my order 42")
 
@@ -71,7 +67,7 @@ def test_triage_hands_off_to_billing_which_answers(client: Client, workers: Any)
     assert later.status().agent == "ho-billing"
 
 
-def test_a_handoff_to_an_agent_not_listed_is_refused(client: Client, workers: Any) -> None:
+def test_a_handoff_to_an_agent_not_listed_is_refused(client: Client) -> None:
     # Given an agent whose model hands off to a registered agent it does not list
     job = client.submit("ho-rogue", "Sell me something")
     answer = job.result(timeout=60)

@@ -23,8 +23,6 @@ from tests.agents import big_text
 from tests.conftest import tool_calls
 from tests.loopback_llm import LoopbackLLM
 
-pytestmark = pytest.mark.integration
-
 LIMIT = 10_000
 SIZE = 200_000
 ROWS = [{"row": i, "name": f"item-{i}", "note": "déjà vu"} for i in range(SIZE // 40)]
@@ -51,7 +49,7 @@ class Archived:
 
 
 @pytest.fixture(scope="module")
-def archived(client: Client, workers: Any) -> Archived:
+def archived(client: Client) -> Archived:
     # Given a turn whose tool returns 200,000 characters of text and ~200 KB of JSON
     job, shown = _run(
         client,
@@ -144,7 +142,7 @@ def test_a_handle_from_another_conversation_is_refused(client: Client, archived:
         client.tool_output(job.conversation_id, handle)
 
 
-def test_a_small_output_is_unchanged(client: Client, workers: Any) -> None:
+def test_a_small_output_is_unchanged(client: Client) -> None:
     # When a tool's output is under the limit
     job, shown = _run(client, [("big_output", {"size": 500})])
     # Then the model sees it whole, and its message is its one copy
@@ -160,9 +158,7 @@ def _offered(request: dict[str, Any]) -> list[str]:
     return [t["function"]["name"] for t in request.get("tools", [])]
 
 
-def test_read_tool_output_is_offered_only_where_an_output_was_cut(
-    client: Client, workers: Any
-) -> None:
+def test_read_tool_output_is_offered_only_where_an_output_was_cut(client: Client) -> None:
     with LoopbackLLM() as model:
         # Given an agent with one tool, whose model first calls it with a
         # small output and read_tool_output (not offered yet), then makes the
@@ -195,9 +191,7 @@ def test_read_tool_output_is_offered_only_where_an_output_was_cut(
     assert started == ["big_output", "big_output"]
 
 
-def test_an_agent_listing_read_tool_output_is_offered_it_on_every_step(
-    client: Client, workers: Any
-) -> None:
+def test_an_agent_listing_read_tool_output_is_offered_it_on_every_step(client: Client) -> None:
     with LoopbackLLM() as model:
         agent = AgentSpec(
             name="always-reader",
