@@ -4,6 +4,7 @@ commands, so ``chorus --help`` stays fast."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -108,6 +109,13 @@ def worker(
             help="Worker processes: 'auto' (one a core) or N; nodes NAME-1@HOST, ...",
         ),
     ] = "1",
+    mingle: Annotated[
+        bool,
+        typer.Option(
+            "--mingle/--without-mingle",
+            help="At start, ask the other workers for the ids of revoked tasks (Celery's mingle).",
+        ),
+    ] = True,
 ) -> None:
     """Run a Celery worker for Chorus queues.
 
@@ -131,7 +139,7 @@ def worker(
             ["processes"],
         )
     argv = ["-Q", ",".join(names), "-P", pool, "-c", str(concurrency or default_concurrency)]
-    argv += ["-l", loglevel]
+    argv += ["-l", loglevel, *([] if mingle else ["--without-mingle"])]
     if count > 1:
         raise typer.Exit(_supervise(argv, count, name))
     from workers.app import create_app
@@ -473,6 +481,11 @@ def main() -> None:
     except UserError as exc:
         errors.print(f"chorus: {exc}")
         sys.exit(USAGE_ERROR)
+    finally:
+        # The interpreter's teardown runs collections over the whole heap
+        # (after litellm is imported, seconds of CPU); frozen objects are
+        # left to the exit.
+        gc.freeze()
 
 
 if __name__ == "__main__":
