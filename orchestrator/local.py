@@ -132,8 +132,10 @@ def _worker_env(settings: Settings) -> dict[str, str]:
 
 #: Node name of the local workers (``chorus-local-1@localhost``, ...).
 LOCAL_NODE = "chorus-local@localhost"
-#: Seconds between looks for the first worker's liveness file.
+#: Seconds between looks for the first worker's liveness file, and the
+#: most to wait for it before starting the others all the same.
 FIRST_UP_POLL = 0.05
+FIRST_UP_WAIT = 60.0
 
 
 def _worker_argv(settings: Settings) -> Callable[[int], list[str]]:
@@ -171,8 +173,9 @@ def worker_processes(settings: Settings, processes: int | None = None) -> Iterat
     Their output goes to ``STATE_DIR/workers.log``.
 
     The first starts at once and the others once it is up (its imports
-    done), so that on a machine of few cores the first is not slowed down
-    by the starts of the others: the first model call waits for it."""
+    done; at the latest after FIRST_UP_WAIT seconds), so that on a machine
+    of few cores the first is not slowed down by the starts of the others:
+    the first model call waits for it."""
     count = processes or available_cores()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     output = (settings.state_dir / "workers.log").open("ab")
@@ -184,7 +187,7 @@ def worker_processes(settings: Settings, processes: int | None = None) -> Iterat
     def watch() -> None:
         waiting = count > 1
         while not done.wait(FIRST_UP_POLL if waiting else POLL):
-            if waiting and _is_up(settings, 1, since):
+            if waiting and (_is_up(settings, 1, since) or time.time() > since + FIRST_UP_WAIT):
                 supervisor.start()
                 waiting = False
             status = supervisor.check()
