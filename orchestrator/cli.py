@@ -458,11 +458,13 @@ def local(
         modules = list(dict.fromkeys([*modules, example_module]))
     agent, text = agent or example_agent, text or example_input
     settings = settings.model_copy(update={"modules": modules})
-    with local_stack(settings) as running:
+    with local_stack(settings) as stack:
+        running = stack.settings
         console.print(f"redis: {running.redis_url} (embedded: {settings.embedded})", style="dim")
         console.print(f"state: {_where(running.db_url)}", style="dim")
         client = _client(running)
         job = client.submit(agent, text)
+        stack.start_other_workers()
         console.print(f"job {job.id} conversation {job.conversation_id}")
         _follow(job)
         _report(job)

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -167,15 +168,17 @@ def _is_up(settings: Settings, index: int, since: float) -> bool:
 
 
 @contextmanager
-def worker_processes(settings: Settings, processes: int | None = None) -> Iterator[Supervisor]:
+def worker_processes(
+    settings: Settings, processes: int | None = None, others: threading.Event | None = None
+) -> Iterator[Supervisor]:
     """One ``chorus worker`` process a core (threads pool, every queue),
     supervised: a dead one is restarted; a crash loop interrupts the caller.
     Their output goes to ``STATE_DIR/workers.log``.
 
     The first starts at once and the others once it is up (its imports
-    done; at the latest after FIRST_UP_WAIT seconds), so that on a machine
-    of few cores the first is not slowed down by the starts of the others:
-    the first model call waits for it."""
+    done) and OTHERS is set, or at the latest after FIRST_UP_WAIT seconds:
+    on a machine of few cores their imports would otherwise slow down the
+    first worker and the caller, which the first model call waits for."""
     count = processes or available_cores()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     output = (settings.state_dir / "workers.log").open("ab")
@@ -184,10 +187,15 @@ def worker_processes(settings: Settings, processes: int | None = None) -> Iterat
     supervisor.start(1)
     done = threading.Event()
 
+    def may_start_others() -> bool:
+        if time.time() > since + FIRST_UP_WAIT:
+            return True
+        return (others is None or others.is_set()) and _is_up(settings, 1, since)
+
     def watch() -> None:
         waiting = count > 1
         while not done.wait(FIRST_UP_POLL if waiting else POLL):
-            if waiting and (_is_up(settings, 1, since) or time.time() > since + FIRST_UP_WAIT):
+            if waiting and may_start_others():
                 supervisor.start()
                 waiting = False
             status = supervisor.check()
@@ -207,9 +215,23 @@ def worker_processes(settings: Settings, processes: int | None = None) -> Iterat
         output.close()
 
 
+@dataclass
+class LocalStack:
+    """What ``chorus local`` runs on: SETTINGS point at it."""
+
+    settings: Settings
+    _others: threading.Event = field(default_factory=threading.Event)
+
+    def start_other_workers(self) -> None:
+        """Let the worker processes after the first start (once it is up):
+        call it when the work is sent, so that their imports do not slow
+        down what the first model call waits for."""
+        self._others.set()
+
+
 @contextmanager
-def local_stack(settings: Settings) -> Iterator[Settings]:
-    """Everything ``chorus local`` needs; yields the settings that point at it.
+def local_stack(settings: Settings) -> Iterator[LocalStack]:
+    """Everything ``chorus local`` needs.
 
     A configured ``CHORUS_REDIS_URL`` or ``CHORUS_DATABASE_URL`` is used as
     is; only what is missing is embedded. The database is migrated while
@@ -220,8 +242,9 @@ def local_stack(settings: Settings) -> Iterator[Settings]:
         if settings.redis_url is None:
             url = stack.enter_context(embedded_redis(settings))
             settings = settings.model_copy(update={"redis_url": url})
-        stack.enter_context(worker_processes(settings))
+        local = LocalStack(settings)
+        stack.enter_context(worker_processes(settings, others=local._others))
         from orchestrator.store.migrate import upgrade
 
         upgrade(settings.db_url)
-        yield settings
+        yield local
