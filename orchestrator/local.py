@@ -141,9 +141,10 @@ FIRST_UP_WAIT = 60.0
 
 def _worker_argv(settings: Settings) -> Callable[[int], list[str]]:
     """The command of local worker I (from 1). A worker's first start skips
-    Celery's mingle (a second spent asking the other workers for revoked
-    task ids: they start with it, so there is none to ask); a restarted one
-    asks."""
+    Celery's mingle, a second spent asking the other workers for the ids of
+    revoked tasks: when the stack starts there are none, and a revoke only
+    saves work (a task of a stopped job reads that in the database and
+    leaves). A restarted worker asks."""
     level = os.environ.get("CHORUS_LOCAL_LOGLEVEL", "WARNING")
     command = [sys.executable, "-m", "orchestrator.cli", "worker", "-Q", "llm,tools,control"]
     command += ["-l", level]
