@@ -4,6 +4,7 @@ commands, so ``chorus --help`` stays fast."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -108,6 +109,13 @@ def worker(
             help="Worker processes: 'auto' (one a core) or N; nodes NAME-1@HOST, ...",
         ),
     ] = "1",
+    mingle: Annotated[
+        bool,
+        typer.Option(
+            "--mingle/--without-mingle",
+            help="At start, ask the other workers for the ids of revoked tasks (Celery's mingle).",
+        ),
+    ] = True,
 ) -> None:
     """Run a Celery worker for Chorus queues.
 
@@ -131,7 +139,7 @@ def worker(
             ["processes"],
         )
     argv = ["-Q", ",".join(names), "-P", pool, "-c", str(concurrency or default_concurrency)]
-    argv += ["-l", loglevel]
+    argv += ["-l", loglevel, *([] if mingle else ["--without-mingle"])]
     if count > 1:
         raise typer.Exit(_supervise(argv, count, name))
     from workers.app import create_app
@@ -450,11 +458,13 @@ def local(
         modules = list(dict.fromkeys([*modules, example_module]))
     agent, text = agent or example_agent, text or example_input
     settings = settings.model_copy(update={"modules": modules})
-    with local_stack(settings) as running:
+    with local_stack(settings) as stack:
+        running = stack.settings
         console.print(f"redis: {running.redis_url} (embedded: {settings.embedded})", style="dim")
         console.print(f"state: {_where(running.db_url)}", style="dim")
         client = _client(running)
         job = client.submit(agent, text)
+        stack.start_other_workers()
         console.print(f"job {job.id} conversation {job.conversation_id}")
         _follow(job)
         _report(job)
@@ -473,6 +483,11 @@ def main() -> None:
     except UserError as exc:
         errors.print(f"chorus: {exc}")
         sys.exit(USAGE_ERROR)
+    finally:
+        # The interpreter's teardown runs collections over the whole heap
+        # (after litellm is imported, seconds of CPU); frozen objects are
+        # left to the exit.
+        gc.freeze()
 
 
 if __name__ == "__main__":

