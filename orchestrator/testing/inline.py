@@ -38,9 +38,9 @@ from orchestrator.engine.actions import (
     ToolTask,
 )
 from orchestrator.engine.checkpoint import run_checkpoint
-from orchestrator.engine.task_failures import describe, fail_at, fail_call, is_transient
 from orchestrator.engine.step import new_lease_owner
 from orchestrator.engine.subagents import is_subagent_call
+from orchestrator.engine.task_failures import describe, fail_at, fail_call, is_transient
 from orchestrator.runtime import Runtime
 
 log = logging.getLogger(__name__)
