@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from sqlalchemy import func
 from sqlmodel import select
 
-from orchestrator import registry, toolsets
+from orchestrator import registry
 from orchestrator.engine.actions import Action, Revoke, RunStep
 from orchestrator.engine.budget import (
     NO_MORE_TOOLS,
@@ -68,7 +68,8 @@ from orchestrator.store.tables import (
     utcnow,
 )
 from orchestrator.store.values import storable_text
-from orchestrator.toolnames import aliases
+from orchestrator.tools import toolsets
+from orchestrator.tools.names import aliases
 from schemas import (
     AgentSpec,
     Event,

@@ -38,7 +38,7 @@ from orchestrator.runtime import Runtime
 from orchestrator.store.db import returns_joined_rows
 from orchestrator.store.tables import CALL_FINISHED
 from orchestrator.store.values import MAX_DEPTH, storable
-from orchestrator.tools import STOP_POLL, ToolContext, ToolStopped
+from orchestrator.tools.calls import STOP_POLL, ToolContext, ToolStopped
 from schemas import AgentSpec, EventName, TurnStatus
 
 log = logging.getLogger(__name__)

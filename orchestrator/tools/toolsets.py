@@ -12,7 +12,7 @@ listed keeps its last known list (or offers nothing until it answers):
 the step runs anyway and the failure is logged.
 
 A call runs as any tool call (task ``chorus.tool`` on the server's queue)
-through :mod:`orchestrator.mcpclient`, with the tool request id in the
+through :mod:`orchestrator.tools.mcp_client`, with the tool request id in the
 request's ``_meta``; a stdio server is started once per worker process and
 kept while it is used (closed after ``idle_seconds`` without requests). An
 error result, an exception, a timeout or a server that is down becomes an
@@ -26,10 +26,8 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
-from orchestrator import mcpclient, registry
+from orchestrator import registry
 from orchestrator.errors import (
     ChorusError,
     ConfigurationError,
@@ -37,9 +35,11 @@ from orchestrator.errors import (
     SecretInSettingsError,
 )
 from orchestrator.logs import treat_as_credentials
-from orchestrator.schematools import parameters_validator
 from orchestrator.specs import url_has_credentials
-from orchestrator.tools import Tool, ToolContext, run_with_timeout
+from orchestrator.tools.calls import run_with_timeout
+from orchestrator.tools.json_schema import parameters_validator
+from orchestrator.tools.mcp_server import CLOSE_GRACE, CONNECT_TIMEOUT, MCPServerSpec
+from orchestrator.tools.remote import remote_tool
 from schemas import ToolSpec
 from schemas.specs import NAME_PATTERN, TOOL_NAME_PATTERN
 
@@ -48,36 +48,8 @@ log = logging.getLogger(__name__)
 #: A server's name: the namespace of its tools.
 SERVER_NAME = re.compile(NAME_PATTERN)
 
-#: Seconds a ``tools/call`` may take beyond connecting and the server's
-#: timeout, for the client to close its connection, before it is given up.
-CLOSE_GRACE = 5.0
-
 #: The most a ``tools/list`` may take, in seconds (a step waits for it).
 DISCOVERY_TIMEOUT = 15.0
-
-
-@dataclass(frozen=True)
-class MCPServerSpec:
-    """A registered MCP server: where it is and how its calls run.
-
-    Exactly one of ``url`` (streamable HTTP) and ``command`` (stdio: one
-    server process per worker process, kept until ``idle_seconds`` pass
-    without a request) is set. ``headers`` maps an
-    HTTP header to the environment variable holding its value.
-    """
-
-    name: str
-    url: str | None = None
-    command: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    pass_env: tuple[str, ...] = ()
-    cwd: str | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-    queue: str = "tools"
-    timeout: float = 60.0
-    parallelizable: bool = True
-    cache_seconds: float = 30.0
-    idle_seconds: float = 300.0
 
 
 def MCPServer(
@@ -148,33 +120,6 @@ def MCPServer(
     return server
 
 
-def remote_tool(
-    server: MCPServerSpec,
-    remote: str,
-    description: str = "",
-    parameters: dict[str, Any] | None = None,
-) -> Tool:
-    """The Chorus tool ``<server>.<remote>``: a call runs ``tools/call`` on the server."""
-
-    async def call(arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        return await mcpclient.call_tool(server, remote, arguments, ctx.tool_request_id)
-
-    spec = ToolSpec(
-        name=f"{server.name}.{remote}",
-        description=description,
-        parameters=parameters or {"type": "object", "properties": {}},
-        parallelizable=server.parallelizable,
-        queue=server.queue,
-        timeout=mcpclient.CONNECT_TIMEOUT + server.timeout + CLOSE_GRACE,
-    )
-    return Tool(spec=spec, fn=call, arguments=_as_sent, context_param="ctx")
-
-
-def _as_sent(params: dict[str, Any]) -> dict[str, Any]:
-    """An MCP tool's arguments go to its server as sent: the server validates them."""
-    return {"arguments": dict(params)}
-
-
 _cache: dict[str, tuple[float, list[ToolSpec]]] = {}
 _locks: dict[str, threading.Lock] = {}
 _guard = threading.Lock()
@@ -204,11 +149,13 @@ def offered(name: str) -> list[ToolSpec]:
 
 
 def _discover(server: MCPServerSpec) -> list[ToolSpec]:
+    from orchestrator.tools import mcp_client  # loads mcp: only when a server is listed
+
     timeout = min(server.timeout, DISCOVERY_TIMEOUT)
     listed = run_with_timeout(
-        mcpclient.list_tools,
+        mcp_client.list_tools,
         {"server": server, "timeout": timeout},
-        mcpclient.CONNECT_TIMEOUT + timeout + CLOSE_GRACE,
+        CONNECT_TIMEOUT + timeout + CLOSE_GRACE,
         f"{server.name} tools/list",
     )
     specs = []
@@ -226,6 +173,12 @@ def _discover(server: MCPServerSpec) -> list[ToolSpec]:
             remote_tool(server, item.name, item.description or "", dict(item.input_schema)).spec
         )
     return specs
+
+
+def load_client() -> None:
+    """Import the MCP client now (the ``mcp`` package, ~1.5 s): a worker
+    does it before it consumes, so its first discovery or call does not."""
+    from orchestrator.tools import mcp_client  # noqa: F401
 
 
 def forget() -> None:

@@ -30,7 +30,8 @@ from jsonschema.protocols import Validator
 from orchestrator import registry
 from orchestrator.errors import ConfigurationError, InvalidRequestError, PatternTimeoutError
 from orchestrator.patterns import limited
-from orchestrator.tools import Tool, context_params, qualified, tool_spec
+from orchestrator.tools.calls import Tool
+from orchestrator.tools.decorator import context_params, qualified, tool_spec
 
 __all__ = ["Arguments", "schema_tool", "tool_catalog"]
 
@@ -117,7 +118,7 @@ def schema_tool(
     Args:
         name: the tool's name; with ``namespace`` it is registered as
             ``<namespace>.<name>``. The model sees a provider-legal alias
-            (:mod:`orchestrator.toolnames`).
+            (:mod:`orchestrator.tools.names`).
         description: what the model is told.
         parameters: the JSON schema (``"type": "object"``) of the arguments,
             offered to the model exactly as given.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import Agent, ConfigurationError, schema_tool, tool
-from orchestrator.toolnames import ALIAS_PATTERN, alias, aliases, hashed
+from orchestrator.tools.names import ALIAS_PATTERN, alias, aliases, hashed
 
 OBJECT = {"type": "object", "properties": {"n": {"type": "integer"}}}
 
