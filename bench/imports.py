@@ -22,6 +22,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -66,9 +67,14 @@ def run_once(args: list[str], cwd: Path) -> tuple[float, float]:
     return wall, cpu
 
 
+#: Bytecode of every measured checkout goes here, not into the checkout.
+PYCACHE = Path(tempfile.gettempdir()) / "chorus-bench-imports-pycache"
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # the checkout in cwd is the one imported
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     return env
 
 
