@@ -46,6 +46,7 @@ LAYERS = {
     "orchestrator.tools": "tools",
     "orchestrator.registry": "tools",
     "orchestrator.specs": "tools",
+    "orchestrator.spec_checks": "tools",  # the name specs.py takes on fix/store
     "orchestrator.context": "tools",
     "orchestrator.schematools": "tools",
     "orchestrator.toolsets": "tools",
