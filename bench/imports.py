@@ -3,13 +3,14 @@
 
 Prints, for each command, the median wall and CPU time over ``--runs``
 runs beside its target and the figure before the layers were made one-way
-(main at e7d1dd9, on the same machines), then the
-packages that cost the most under ``python -X importtime`` (self time
-summed per top-level package). ``--compare DIR`` measures another checkout
-the same way, side by side (e.g. ``--compare /work/main``).
+(main at e7d1dd9, on the same machines), then the packages that cost the
+most under ``python -X importtime`` (self time summed per top-level
+package). ``--compare DIR`` measures another checkout the same way, side by
+side (e.g. ``--compare /work/main``).
 
-The machine is shared: wall time moves with the load average (printed),
-CPU time much less.
+The machines are shared: wall time moves with the load average (printed),
+CPU time less but visibly on a saturated machine; the ratio to a checkout
+measured in the same run (``--compare``) is the figure to trust.
 
     .venv/bin/python bench/imports.py [--runs 7] [--compare DIR]
 """
