@@ -12,9 +12,9 @@ from orchestrator.engine.access import builtin_names
 from orchestrator.errors import invalid
 from orchestrator.policies import Policy, check_policies
 from orchestrator.spec_checks import check_spec
-from orchestrator.toolnames import check_unique
-from orchestrator.tools import Tool
-from orchestrator.toolsets import MCPServerSpec
+from orchestrator.tools.calls import Tool
+from orchestrator.tools.mcp_server import MCPServerSpec
+from orchestrator.tools.names import check_unique
 from schemas import AgentSpec, Budget, RateLimit, RetryPolicy
 from schemas.specs import HANDOFF_PREFIX, READ_TOOL_OUTPUT, SUBAGENT_PREFIX
 

@@ -2,6 +2,11 @@
 
 A job can only name what is here. Nothing in a payload is imported or
 evaluated: modules come from the ``CHORUS_MODULES`` setting.
+
+The declarations write here (``@tool``, ``schema_tool``, ``MCPServer``,
+``Agent``); the engine, the client and the workers read. It sits below all
+of them (see ``docs/architecture.md``), so it imports no declaration module
+that writes into it.
 """
 
 from __future__ import annotations
@@ -9,15 +14,13 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigurationError, UnknownAgentError, UnknownToolError
+from orchestrator.tools.calls import Tool
+from orchestrator.tools.mcp_server import MCPServerSpec
+from orchestrator.tools.remote import remote_tool
 from schemas import AgentSpec, ToolSpec
 from schemas.specs import READ_TOOL_OUTPUT, TOOL_NAME_PATTERN
-
-if TYPE_CHECKING:
-    from orchestrator.tools import Tool
-    from orchestrator.toolsets import MCPServerSpec
 
 _tools: dict[str, Tool] = {}
 _toolsets: dict[str, MCPServerSpec] = {}
@@ -76,8 +79,6 @@ def get_tool(name: str) -> Tool:
         return found
     server, dot, remote = name.partition(".")
     if dot and server in _toolsets and re.match(TOOL_NAME_PATTERN, name):
-        from orchestrator.toolsets import remote_tool
-
         return remote_tool(_toolsets[server], remote)
     raise UnknownToolError(name, list(_tools))
 

@@ -13,7 +13,7 @@ NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
 #: A tool's registered (qualified) name: ``<namespace>.<name>`` or a bare
 #: name, printable without whitespace, up to 200 characters (the stored
-#: column). The model sees a provider-legal alias (``orchestrator.toolnames``).
+#: column). The model sees a provider-legal alias (``orchestrator.tools.names``).
 TOOL_NAME_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,200}$"
 
 #: Model calls allowed in one turn unless the agent says otherwise: real
@@ -41,7 +41,7 @@ _AGENT_TOOL_PREFIXES = {"subagents": SUBAGENT_PREFIX, "handoffs": HANDOFF_PREFIX
 
 class ToolSpec(Frozen):
     """A registered tool as the engine sees it; the model sees ``name``'s
-    provider-legal alias (``orchestrator.toolnames``)."""
+    provider-legal alias (``orchestrator.tools.names``)."""
 
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str = ""

@@ -26,6 +26,7 @@ from orchestrator.readers import Announcer
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.db import forget_engines
+from orchestrator.tools import toolsets
 from workers.tasks import register_tasks
 
 
@@ -48,7 +49,8 @@ def prepare_worker(instance: Any = None, **_: Any) -> None:
 
     - a worker that takes model calls loads the model client, so the calls
       it admits under a rate limit are sent at once, not after seconds of
-      first imports;
+      first imports; with MCP servers declared, every worker loads the MCP
+      client (discovery runs in steps, calls in tool tasks);
     - the heap built at startup (litellm alone is ~400k objects) is frozen
       out of the garbage collector: a full collection over it stops every
       thread of the process for most of a second, between admitting calls
@@ -57,6 +59,8 @@ def prepare_worker(instance: Any = None, **_: Any) -> None:
     selected = instance.app.amqp.queues.consume_from if instance is not None else None
     if not selected or QUEUES["chorus.step"] in selected:
         warm()
+    if registry.toolset_names():
+        toolsets.load_client()
     gc.collect()
     gc.freeze()
 

@@ -47,7 +47,7 @@ from orchestrator.ratelimit import json_chars
 from orchestrator.store.db import Db, connection_of
 from orchestrator.store.fast_executor import execute
 from orchestrator.store.tables import CheckpointRow, MessageRow, table
-from orchestrator.toolnames import alias
+from orchestrator.tools.names import alias
 from schemas import AgentSpec, Message, Role, Usage, content_blocks_adapter
 
 

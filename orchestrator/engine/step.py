@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from orchestrator import registry, toolsets
+from orchestrator import registry
 from orchestrator.engine.actions import Action, Revoke, RunStep
 from orchestrator.engine.after_commit import settle
 from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, tool_calls_left
@@ -57,7 +57,8 @@ from orchestrator.store.tables import (
     utcnow,
 )
 from orchestrator.store.values import storable_text
-from orchestrator.toolnames import aliases
+from orchestrator.tools import toolsets
+from orchestrator.tools.names import aliases
 from schemas import (
     AgentSpec,
     Event,

@@ -41,7 +41,7 @@ from orchestrator.store.tool_call_sql import (
     result_params,
 )
 from orchestrator.store.values import MAX_DEPTH, storable
-from orchestrator.tools import STOP_POLL, ToolContext, ToolStopped
+from orchestrator.tools.calls import STOP_POLL, ToolContext, ToolStopped
 from schemas import AgentSpec, EventName, TurnStatus
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from orchestrator.errors import ConfigurationError, ModelError
 from orchestrator.llm import openai_stream
 from orchestrator.llm.provider_errors import is_retryable, translating
 from orchestrator.llm.reply import INVALID_ARGUMENTS_KEY, ModelReply, parse_arguments, read_stream
-from orchestrator.toolnames import alias
+from orchestrator.tools.names import alias
 from schemas.content import (
     Message,
     Role,
@@ -224,7 +224,7 @@ def _litellm_stream(
 
 def tool_to_openai(spec: ToolSpec, name: str | None = None) -> dict[str, Any]:
     """A tool spec as an OpenAI ``tools=`` entry, offered as ``name`` (by
-    default the provider-legal alias of its name, :mod:`orchestrator.toolnames`)."""
+    default the provider-legal alias of its name, :mod:`orchestrator.tools.names`)."""
     return {
         "type": "function",
         "function": {
@@ -239,7 +239,7 @@ def to_openai_messages(system: str, messages: list[Message]) -> list[dict[str, A
     """Convert Chorus messages to OpenAI chat messages.
 
     - Tool names (of calls and results) are their provider-legal aliases
-      (:func:`orchestrator.toolnames.alias`; :func:`openai_messages` takes
+      (:func:`orchestrator.tools.names.alias`; :func:`openai_messages` takes
       another mapping).
     - ``system`` (if not empty) becomes the first, ``system`` message.
     - Assistant messages carry their text (joined) and ``tool_calls`` with

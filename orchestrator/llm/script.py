@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -141,3 +143,47 @@ def prompt_tokens(messages: list[dict[str, Any]]) -> int:
 def text_pieces(text: str) -> list[str]:
     """Split text into word pieces that keep their trailing whitespace (the deltas)."""
     return [p for p in re.split(r"(?<=\s)(?=\S)", text) if p]
+
+
+#: The litellm provider name: models are ``scripted/<script name>``.
+PROVIDER = "scripted"
+
+
+_scripts: dict[str, tuple[ScriptItem, ...]] = {}
+_lock = threading.Lock()
+_tools: ContextVar[tuple[dict[str, Any], ...]] = ContextVar("scripted_tools", default=())
+
+
+def offered_tools() -> list[dict[str, Any]]:
+    """The ``tools=`` of the model call a reply function is answering, as
+    the provider received them (empty outside a call, or without tools)."""
+    return list(_tools.get())
+
+
+def register_script(name: str, replies: Sequence[ScriptItem]) -> None:
+    """Register (or replace) the script ``name`` in this process.
+
+    Args:
+        name: Script name; the model string is ``scripted/<name>``.
+        replies: Replies in conversation order. A callable item receives the
+            OpenAI-format messages litellm passed to the provider and returns
+            the reply, so it can quote tool results.
+
+    Raises:
+        ValueError: If the name is empty or has surrounding whitespace.
+    """
+    if not name or name != name.strip():
+        raise ValueError(f"invalid script name {name!r}")
+    with _lock:
+        _scripts[name] = tuple(replies)
+
+
+def unregister_script(name: str) -> None:
+    """Forget the script ``name`` (no error if it is not registered)."""
+    with _lock:
+        _scripts.pop(name, None)
+
+
+def scripted_model(name: str) -> str:
+    """The litellm model string of the script ``name``: ``scripted/<name>``."""
+    return f"{PROVIDER}/{name}"

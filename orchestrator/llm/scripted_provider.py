@@ -27,14 +27,17 @@ from litellm.types.utils import (
 from litellm.types.utils import Message as LiteLLMMessage
 
 from orchestrator.llm.script import (
+    PROVIDER,
     Reply,
     ScriptFailure,
+    _lock,
+    _scripts,
+    _tools,
     play,
     prompt_tokens,
     text_pieces,
     words,
 )
-from orchestrator.llm.scripted import PROVIDER, _lock, _scripts, _tools
 
 __all__ = ["ScriptError", "ScriptedLLM", "install"]
 

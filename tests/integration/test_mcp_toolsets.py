@@ -31,8 +31,8 @@ from orchestrator import (
     ToolContext,
     registry,
     tool,
-    toolsets,
 )
+from orchestrator.tools import toolsets
 from schemas import AgentSpec, EventName
 from tests.conftest import ROOT, WorkerProcess, tool_calls
 from tests.faults import free_port

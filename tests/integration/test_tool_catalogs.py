@@ -24,7 +24,7 @@ from sqlmodel import col, select
 
 from orchestrator import Client, ConfigurationError, Settings, schema_tool
 from orchestrator.store.tables import ToolCallRow
-from orchestrator.toolnames import ALIAS_PATTERN
+from orchestrator.tools.names import ALIAS_PATTERN
 from schemas import ToolCallBlock
 from tests.agents import CATALOG_CALLS_FILE, CATALOG_CASE_DATA, CATALOG_CASES, CATALOG_DEFINITIONS
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from orchestrator import ConfigurationError, InvalidRequestError
-from orchestrator.schematools import check_arguments, parameters_validator
+from orchestrator.tools.json_schema import check_arguments, parameters_validator
 
 POISON = "a" * 40 + "!"
 SLOW = "^(a|a)+$"  # backtracks on the regex engine too: only the bound ends it

@@ -1,4 +1,8 @@
-"""The MCP client of toolsets: ``tools/list`` and ``tools/call`` on one server.
+"""The MCP client: ``tools/list`` and ``tools/call`` on one server.
+
+It loads the ``mcp`` package (~1.5 s): only discovery and calls import it
+(:mod:`orchestrator.tools.toolsets`, :mod:`orchestrator.tools.remote`),
+never a declaration.
 
 Over streamable HTTP each request opens its own connection (the ``mcp``
 package's client) and closes it when done, so a server that restarted is
@@ -26,7 +30,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -37,17 +41,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CONNECTION_CLOSED
 
 from orchestrator.errors import ConfigurationError, ToolExecutionError
-
-if TYPE_CHECKING:
-    from orchestrator.toolsets import MCPServerSpec
+from orchestrator.tools.mcp_server import CONNECT_TIMEOUT, MCPServerSpec
 
 #: The ``_meta`` key of a ``tools/call`` carrying Chorus's tool request id
 #: (unique per call, stable across redeliveries: the server's idempotency key).
 REQUEST_ID_META = "chorus/tool_request_id"
-
-#: Seconds to connect (to start a stdio server and initialize) before a
-#: request fails; the request's own timeout starts once connected.
-CONNECT_TIMEOUT = 30.0
 
 
 def _headers(server: MCPServerSpec) -> dict[str, str]:

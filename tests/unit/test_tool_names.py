@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import Agent, ConfigurationError, schema_tool, tool
-from orchestrator.toolnames import ALIAS_PATTERN, alias, aliases, hashed
+from orchestrator import Agent, ConfigurationError, registry, schema_tool, tool
+from orchestrator.tools.names import ALIAS_PATTERN, alias, aliases, hashed
 
 OBJECT = {"type": "object", "properties": {"n": {"type": "integer"}}}
 
@@ -36,7 +36,10 @@ def test_an_agent_whose_tools_share_an_alias_is_refused() -> None:
         Agent("clashing", "scripted/none", tools=[dotted, underscored])
 
 
-def test_a_tool_named_like_a_built_in_is_refused() -> None:
+def test_a_tool_named_like_a_built_in_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # registered for this test only: an agent declared later in this process
+    # (tests.agents' `big-reader`) asks for the built-in by that name
+    monkeypatch.setattr(registry, "_tools", dict(registry._tools))
     # a second `read_tool_output` in the request would make providers refuse it
     shadow = schema_tool("read_tool_output", "", OBJECT, lambda n=0: n)
     with pytest.raises(ConfigurationError, match=r"'read_tool_output'.*offered twice"):

@@ -1,4 +1,4 @@
-"""Tool parameter schemas and argument validation (orchestrator.toolschema)."""
+"""Tool parameter schemas and argument validation (orchestrator.tools.signature)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from orchestrator.errors import InvalidRequestError, UserError
-from orchestrator.toolschema import build_params, describe, validate_params
+from orchestrator.tools.signature import build_params, describe, validate_params
 from schemas.specs import ToolSpec
 
 

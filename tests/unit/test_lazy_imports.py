@@ -1,0 +1,75 @@
+"""What the entry points load, each in a fresh interpreter.
+
+``import litellm`` costs ~5 s and ``mcp`` ~1.5 s: they load only when a
+model is called or an MCP server is listed or called, never to import the
+package, build a client, declare tools and agents, or print ``chorus
+--help`` (which loads no database or Celery code either). The times are
+measured by ``bench/imports.py``, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+MODEL_AND_MCP = ("litellm", "mcp")
+SERVICES = ("sqlalchemy", "sqlmodel", "celery", "kombu", "redis", "psycopg")
+
+#: Prints, as its last line, the top-level packages loaded by the code before it.
+REPORT = "import json, sys; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+
+#: ``chorus --help`` through the console script's own entry point.
+CHORUS_HELP = """
+import sys
+sys.argv = ["chorus", "--help"]
+from orchestrator.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+"""
+
+
+def loaded(code: str) -> set[str]:
+    """The top-level packages loaded by ``code`` in a new interpreter."""
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\n{REPORT}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+#: What runs, and the packages it must not load.
+CASES = {
+    "chorus --help": (CHORUS_HELP, MODEL_AND_MCP + SERVICES),
+    "import orchestrator": ("import orchestrator", MODEL_AND_MCP + SERVICES),
+    "import orchestrator.errors": ("import orchestrator.errors", MODEL_AND_MCP + SERVICES),
+    "from orchestrator import Client": ("from orchestrator import Client", MODEL_AND_MCP),
+    "declaring tools and agents": (
+        "from orchestrator import Agent, MCPServer, schema_tool, tool",
+        MODEL_AND_MCP,
+    ),
+    "the workers' tasks": ("import workers.tasks", MODEL_AND_MCP),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_entry_points_do_not_load_what_they_do_not_use(case: str) -> None:
+    code, absent = CASES[case]
+    found = loaded(code) & set(absent)
+    assert not found, f"{case} loads {sorted(found)}"
+
+
+def test_the_probe_sees_a_heavy_import() -> None:
+    """The control: the MCP client itself does load ``mcp``."""
+    assert "mcp" in loaded("import orchestrator.tools.mcp_client")
