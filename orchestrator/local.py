@@ -275,7 +275,18 @@ def local_stack(settings: Settings) -> Iterator[LocalStack]:
             settings = settings.model_copy(update={"redis_url": url})
         local = LocalStack(settings)
         stack.enter_context(worker_processes(settings, others=local._others))
-        from orchestrator.store.migrate import upgrade
-
-        upgrade(settings.db_url)
+        _migrate(settings)
         yield local
+
+
+def _migrate(settings: Settings) -> None:
+    """Bring the database to the newest schema, one ``chorus local`` of the
+    state directory at a time (a lock file there): two started at once
+    would both create the same tables in one SQLite file."""
+    import fcntl
+
+    from orchestrator.store.migrate import upgrade
+
+    with (settings.state_dir / "migrate.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        upgrade(settings.db_url)
