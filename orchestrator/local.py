@@ -11,7 +11,6 @@ use every core.
 from __future__ import annotations
 
 import _thread
-import ctypes
 import logging
 import os
 import signal
@@ -89,10 +88,7 @@ def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
     # (saving its snapshot) if this process is killed: nothing else would
     # ever stop it.
     server = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=_die_with(os.getpid()) if _pdeathsig_is_safe() else None,
+        _dying_with_this_process(command), stdin=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.monotonic() + REDIS_START_TIMEOUT
     while not _answers_ping(port):
@@ -114,16 +110,24 @@ def _pdeathsig_is_safe() -> bool:
     )
 
 
-def _die_with(parent: int) -> Callable[[], None]:
-    """In the forked child, before exec: get SIGTERM when PARENT dies
-    (kept across exec), or exit now if it already has."""
+#: Run before redis-server, in the process that then becomes it (no
+#: ``preexec_fn``: forking a process with threads may deadlock in one):
+#: SIGTERM when the parent (argv[1]) dies, kept across exec; exit now if it
+#: already has.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    f"ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGTERM); "
+    "os.getppid() == int(sys.argv[1]) or os._exit(1); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
 
-    def arm() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os._exit(1)
 
-    return arm
+def _dying_with_this_process(command: list[str]) -> list[str]:
+    """COMMAND, run so that it gets SIGTERM when this process dies (Linux,
+    from the main thread), or as it is."""
+    if not _pdeathsig_is_safe():
+        return command
+    return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
 def _stop_redis(server: subprocess.Popen[bytes]) -> None:
