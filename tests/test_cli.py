@@ -96,3 +96,30 @@ def test_submit_follow_status_and_events_against_the_fleet(
     names = [json.loads(line)["name"] for line in events.stdout.splitlines()]  # JSON Lines
     assert names.count("tool.completed") == 4
     assert names[-1] == "turn.completed"
+
+
+def test_two_local_runs_at_once_in_one_fresh_state_dir_both_complete(tmp_path: Path) -> None:
+    # Given no services and an empty state directory
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
+    env.update(CHORUS_STATE_DIR=str(tmp_path), LITELLM_LOCAL_MODEL_COST_MAP="True")
+
+    # When two `chorus local` start in it at the same moment (both migrate
+    # the one SQLite file)
+    runs = [
+        subprocess.Popen(
+            [*CHORUS, "local"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=180)[0] for run in runs]
+
+    # Then both jobs complete: neither trips over the other's CREATE TABLE
+    for run, output in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, output[-3000:]
+        assert "completed job" in " ".join(output.split())

@@ -129,7 +129,7 @@ def _check_rewrite(policy: Policy, call: ModelCall) -> None:
     workers' environment, out of every event and row."""
     if not isinstance(call.model, str) or not call.model.strip():
         raise PolicyError(policy.name, "rewrote the call to an empty model")
-    if url_has_credentials(call.model):
+    if _holds_credentials(call.model):
         raise PolicyError(policy.name, "rewrote the call to a model string holding credentials")
     if not isinstance(call.messages, list) or not isinstance(call.settings, dict):
         raise PolicyError(policy.name, "rewrote messages or settings to the wrong type")
@@ -137,3 +137,11 @@ def _check_rewrite(policy: Policy, call: ModelCall) -> None:
         refuse_credentials(call.settings)
     except ChorusError as exc:
         raise PolicyError(policy.name, f"rewrote the settings: {exc}") from None
+
+
+def _holds_credentials(model: str) -> bool:
+    """A URL with credentials, a query naming one even without a scheme
+    (``openai/gpt-4o?api_key=...``), or anything :func:`redact` would mask
+    (a key-shaped name): the model string goes into events as it is."""
+    probe = model if "://" in model else f"model://{model}"
+    return url_has_credentials(probe) or redact(model) != model
