@@ -67,7 +67,7 @@ class UnknownPolicyError(UserError):
     def __init__(self, name: str, known: list[str]) -> None:
         self.name = name
         super().__init__(
-            f"unknown policy {name!r}; registered policies: {sorted(known) or 'none'} "
+            f"unknown policy {name[:200]!r}; registered policies: {sorted(known) or 'none'} "
             "(declare it with @policy or register_policy in a module listed in CHORUS_MODULES)"
         )
 

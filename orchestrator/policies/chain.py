@@ -115,11 +115,22 @@ def after_tool(policies: Sequence[Policy], call: ToolCall, result: Any, is_error
         _guarded(policy, "after_tool", policy.after_tool, call, result, is_error)
 
 
+#: The longest a policy may defer a call: a day (a longer wait is a stop,
+#: not a deferral; a turn deferred for years would hold its conversation).
+MAX_DEFER_SECONDS = 86_400.0
+
+
 def _check_decision(policy: Policy, decided: Defer | Stop) -> None:
     if isinstance(decided, Defer) and not (
-        isinstance(decided.seconds, int | float) and 0 <= decided.seconds < float("inf")
+        isinstance(decided.seconds, int | float)
+        and not isinstance(decided.seconds, bool)
+        and 0 <= decided.seconds <= MAX_DEFER_SECONDS
     ):
-        raise PolicyError(policy.name, f"deferred by {decided.seconds!r} seconds")
+        raise PolicyError(
+            policy.name,
+            f"deferred by {decided.seconds!r} seconds: a deferral is 0 to "
+            f"{MAX_DEFER_SECONDS:,.0f} seconds",
+        )
 
 
 def _check_rewrite(policy: Policy, call: ModelCall) -> None:

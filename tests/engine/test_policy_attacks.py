@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from orchestrator import Agent, JobFailedError
-from orchestrator.policies import ModelCall, Policy, register_policy
+from orchestrator.policies import Defer, ModelCall, Policy, register_policy
 from orchestrator.testing import FunctionModel, Harness, ModelRequest
 
 SECRET = "sk-proj-NOTREALBUTSHAPEDLIKEAKEY1234"
@@ -68,6 +68,20 @@ def test_a_policy_cannot_put_a_credential_in_the_model_string(
     events = json.dumps([e.data for e in harness.events(job)], default=str)
     assert SECRET not in events
     assert _rows_holding(harness, SECRET) == []
+
+    monkeypatch.setattr(Rewrites, "rewrite", staticmethod(lambda c: c))
+    again = harness.client.submit("attack-rewritten", "again", conversation_id=job.conversation_id)
+    assert again.result(timeout=30) == "done"
+
+
+@pytest.mark.parametrize("seconds", [86_401, 1e12, float("nan"), -1, True])
+def test_a_deferral_past_a_day_or_not_a_number_fails_the_turn(
+    harness: Harness, seconds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Rewrites, "rewrite", staticmethod(lambda c: Defer(seconds)))
+    job = harness.client.submit("attack-rewritten", "hello")
+    with pytest.raises(JobFailedError, match="a deferral is 0 to 86,400 seconds"):
+        job.result(timeout=30)
 
     monkeypatch.setattr(Rewrites, "rewrite", staticmethod(lambda c: c))
     again = harness.client.submit("attack-rewritten", "again", conversation_id=job.conversation_id)
