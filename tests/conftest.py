@@ -14,10 +14,19 @@ import pytest
 from sqlmodel import col, select
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Each process of a test run (this one, its workers) keeps few idle Postgres
+# connections: the parallel sessions of a run, and other runs on the same
+# server, share its max_connections (100 by default). Bursts still open more.
+os.environ.setdefault("CHORUS_DB_POOL_SIZE", "4")
 
 from orchestrator import Client, Settings
 from orchestrator.store.migrate import upgrade
 from orchestrator.store.tables import MessageRow, ToolCallRow
+from tests.parallel import (  # noqa: F401 (hooks: how the suite runs in parallel)
+    pytest_collection_modifyitems,
+    pytest_xdist_auto_num_workers,
+    pytest_xdist_make_scheduler,
+)
 from tests.services import Services, provide_services
 
 ROOT = Path(__file__).resolve().parent.parent
