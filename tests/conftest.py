@@ -14,10 +14,6 @@ import pytest
 from sqlmodel import col, select
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-# Each process of a test run (this one, its workers) keeps few idle Postgres
-# connections: the parallel sessions of a run, and other runs on the same
-# server, share its max_connections (100 by default). Bursts still open more.
-os.environ.setdefault("CHORUS_DB_POOL_SIZE", "4")
 
 from orchestrator import Client, Settings
 from orchestrator.store.migrate import upgrade
@@ -64,8 +60,15 @@ def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Se
     )
 
 
+#: Postgres connections each worker process of the tests keeps idle (bursts
+#: still open more): the parallel sessions of a run (tests/parallel.py), and
+#: other runs on the same server, share its max_connections (100 by default).
+WORKER_POOL_SIZE = "4"
+
+
 def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
+    env.setdefault("CHORUS_DB_POOL_SIZE", WORKER_POOL_SIZE)
     env.update(
         CHORUS_REDIS_URL=settings.redis_url or "",
         CHORUS_DATABASE_URL=settings.db_url,

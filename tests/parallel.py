@@ -30,6 +30,7 @@ SHARED_MODULES = frozenset(
     {
         "tests/integration/test_event_streams.py",  # short_lived: a worker with short streams
         "tests/integration/test_parallelism.py",  # lanes: a worker of the lanes queue
+        "tests/integration/test_step_queries.py",  # meter: an in-process worker, metered
         "tests/integration/test_tool_catalogs.py",  # replayed: every catalog case run once
     }
 )
