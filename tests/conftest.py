@@ -18,6 +18,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from orchestrator import Client, Settings
 from orchestrator.store.migrate import upgrade
 from orchestrator.store.tables import MessageRow, ToolCallRow
+from tests.parallel import (  # noqa: F401 (hooks: how the suite runs in parallel)
+    pytest_collection_modifyitems,
+    pytest_xdist_auto_num_workers,
+    pytest_xdist_make_scheduler,
+)
 from tests.services import Services, provide_services
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +60,15 @@ def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Se
     )
 
 
+#: Postgres connections each worker process of the tests keeps idle (bursts
+#: still open more): the parallel sessions of a run (tests/parallel.py), and
+#: other runs on the same server, share its max_connections (100 by default).
+WORKER_POOL_SIZE = "4"
+
+
 def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
+    env.setdefault("CHORUS_DB_POOL_SIZE", WORKER_POOL_SIZE)
     env.update(
         CHORUS_REDIS_URL=settings.redis_url or "",
         CHORUS_DATABASE_URL=settings.db_url,

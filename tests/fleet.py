@@ -55,8 +55,8 @@ def llm_fleet(settings: Settings, name: str) -> Iterator[Client]:
     client = Client(settings)
     worker = WorkerProcess(settings, name, "-Q", "llm,control", "-P", "threads", "-c", "4")
     try:
-        worker.wait_ready(client)
-        with running_beat(settings):
+        with running_beat(settings):  # beat starts while the worker does
+            worker.wait_ready(client)
             yield client
     finally:
         worker.stop()

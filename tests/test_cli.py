@@ -43,6 +43,7 @@ def test_help_is_fast_and_does_not_import_litellm() -> None:
         assert command in out.stdout
 
 
+@pytest.mark.long
 def test_local_runs_the_example_on_the_embedded_default(tmp_path: Path) -> None:
     # Given no Redis or Postgres configured
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
@@ -75,6 +76,7 @@ def test_local_refuses_an_unknown_example(tmp_path: Path) -> None:
     assert not (tmp_path / "chorus.db").exists()  # refused before anything started
 
 
+@pytest.mark.long
 @pytest.mark.integration
 def test_submit_follow_status_and_events_against_the_fleet(
     settings: Settings, workers: Any

@@ -244,6 +244,7 @@ def test_running_against_real_services(settings: Settings, tmp_path: Path) -> No
     assert "completed job" in " ".join(out.stdout.split())
 
 
+@pytest.mark.long
 def test_the_first_command_runs_the_demo(tmp_path: Path) -> None:
     (block,) = [b for b in readme.blocks() if _first(b) in PARTLY]
     part, _why = PARTLY[_first(block)]
@@ -270,6 +271,7 @@ def test_each_benchmark_command_starts() -> None:
         assert "usage:" in out.stdout, command
 
 
+@pytest.mark.long
 def test_the_pipeline_example_runs_on_the_embedded_default(tmp_path: Path) -> None:
     (block,) = [b for b in readme.blocks() if _first(b) == "chorus local --example pipeline"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}

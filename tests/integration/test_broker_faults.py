@@ -118,6 +118,7 @@ def _tool_calls(client: Client, conversation_id: str) -> list[ToolCallRow]:
         )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_workers_survive_a_redis_restart_and_finish_their_running_calls(
     services: Services, tmp_path: Path
@@ -202,6 +203,7 @@ UNDELIVERABLE = [
 ]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_undeliverable_messages_are_logged_counted_and_dropped(
     services: Services, tmp_path: Path

@@ -61,6 +61,7 @@ def test_the_sweepers_view_of_the_broker_skips_malformed_unacked_entries(
             client.close()
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_a_worker_goes_on_past_malformed_unacked_entries_and_keys_of_the_wrong_type(
     services: Services, tmp_path: Path
@@ -126,6 +127,7 @@ ODD_TASKS = [
 ]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_messages_of_chorus_tasks_wrong_in_one_field_cost_no_worker(
     services: Services, tmp_path: Path

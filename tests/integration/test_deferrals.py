@@ -18,6 +18,7 @@ pytestmark = pytest.mark.integration
 BACKOFF = 20.0  # well over the fleet's stall timeout (8 s) plus a sweep interval
 
 
+@pytest.mark.long
 def test_retry_backoff_longer_than_the_stall_timeout_is_not_redispatched_early(
     client: Client, settings: Any, workers: Any
 ) -> None:

@@ -141,6 +141,7 @@ def _chaos(
         assert figures.duplicates == [] and figures.lost == [], figures.line()
 
 
+@pytest.mark.long
 @pytest.mark.timeout(420)
 def test_kill9_workers_during_fanout_runs_reduced(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -179,6 +180,7 @@ def test_kill9_workers_during_fanout_runs_full(
 SILENCE = 20.0  # seconds before the provider's first byte
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_a_silent_model_call_longer_than_the_lease_is_made_once(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -247,6 +249,7 @@ def _service_run(client: Client, fleet: Fleet, settings: Settings, tag: str, out
     assert figures.duplicates == [] and figures.lost == [], figures.line()
 
 
+@pytest.mark.long
 @pytest.mark.timeout(360)
 def test_redis_and_postgres_restarted_mid_run(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

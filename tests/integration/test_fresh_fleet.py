@@ -72,6 +72,7 @@ def _busiest_second(times: list[float]) -> int:
     return max(bisect.bisect_left(times, t + 1.0) - i for i, t in enumerate(times))
 
 
+@pytest.mark.long
 def test_a_fresh_fleet_sends_no_more_than_the_limit_in_any_second(
     fresh: tuple[Client, list[WorkerProcess]],
 ) -> None:

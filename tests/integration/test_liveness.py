@@ -42,6 +42,7 @@ def _chorus(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(cut.cmd, -1, "", "timed out")
 
 
+@pytest.mark.long
 def test_a_redis_outage_does_not_fail_a_workers_liveness(
     settings: Settings, tmp_path: Path
 ) -> None:

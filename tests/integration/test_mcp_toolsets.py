@@ -105,6 +105,7 @@ def mcp_fleet(settings: Settings, mcp_url: str) -> Iterator[Client]:
         client.close()
 
 
+@pytest.mark.long
 def test_stdio_tools_return_fail_time_out_and_stay_within_the_agent(mcp_fleet: Client) -> None:
     # Given an agent with the stdio server, whose model calls a tool that
     # returns, one that fails, one slower than the server's 3 s timeout, and

@@ -49,6 +49,7 @@ def _agent(server: LoopbackLLM) -> AgentSpec:
     )
 
 
+@pytest.mark.long
 def test_a_model_call_silent_longer_than_the_lease_is_made_once(
     short_lease: tuple[Settings, Client],
 ) -> None:

@@ -151,6 +151,7 @@ def _wait_for(path: Path, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.long
 def test_an_interactive_job_overtakes_a_backlog_of_batch_jobs(private: Private) -> None:
     # Given a fleet of one worker slot, busy with a batch job held at a gate
     settings, client = private()
@@ -173,6 +174,7 @@ def test_an_interactive_job_overtakes_a_backlog_of_batch_jobs(private: Private) 
     assert order[2:] == [j.id for j in backlog]  # the backlog in its own order
 
 
+@pytest.mark.long
 def test_every_task_of_a_job_tree_carries_its_priority(
     private: Private, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,6 +29,7 @@ def second_llm_worker(settings: Settings, client: Client, workers: Any) -> Itera
         extra.stop()
 
 
+@pytest.mark.long
 def test_two_workers_stay_within_a_requests_per_second_limit(
     client: Client, second_llm_worker: WorkerProcess
 ) -> None:

@@ -23,6 +23,7 @@ from tests.services import Services
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_workers_survive_redis_restarting_without_its_data(
     services: Services, tmp_path: Path
@@ -38,9 +39,9 @@ def test_workers_survive_redis_restarting_without_its_data(
         llm_worker = WorkerProcess(settings, "llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
         tools_worker = WorkerProcess(settings, "tools", "-Q", "tools", "-P", "prefork", "-c", "2")
         try:
-            llm_worker.wait_ready(client, 120)
-            tools_worker.wait_ready(client, 120)
-            with running_beat(settings):
+            with running_beat(settings):  # beat starts while the workers do
+                llm_worker.wait_ready(client, 120)
+                tools_worker.wait_ready(client, 120)
                 # Given a model call in flight and a tool in flight
                 thinking, sleeping = _calls_in_flight(client, llm, llm_worker, tools_worker)
 

@@ -120,6 +120,7 @@ def _model_calls_per_step(client: Client, turn_ids: list[str]) -> list[int]:
     return [n for _turn, _step, n in rows]
 
 
+@pytest.mark.long
 def test_work_waiting_in_a_busy_queue_is_not_re_dispatched(private: Private) -> None:
     # Given a 2-slot llm worker, a 0.5 s model and a stall timeout of 3 s
     settings, client = private(stall_timeout=3.0)
@@ -135,6 +136,7 @@ def test_work_waiting_in_a_busy_queue_is_not_re_dispatched(private: Private) -> 
     assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 32
 
 
+@pytest.mark.long
 def test_a_step_a_worker_holds_until_its_countdown_is_not_re_dispatched(
     private: Private,
 ) -> None:
@@ -154,6 +156,7 @@ def test_a_step_a_worker_holds_until_its_countdown_is_not_re_dispatched(
     assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 3
 
 
+@pytest.mark.long
 def test_tool_calls_waiting_in_a_busy_tools_queue_are_not_re_dispatched(
     private: Private,
 ) -> None:
@@ -250,6 +253,7 @@ def test_a_step_waiting_in_an_unserved_queue_is_left_alone(private: Private) -> 
     assert client.job(job.id).status().status.value == "running"
 
 
+@pytest.mark.long
 def test_stale_unacked_messages_of_finished_work_are_dropped(private: Private) -> None:
     # Given a batch running on a tools worker
     settings, client = private(stall_timeout=3.0)
@@ -302,6 +306,7 @@ def _lose_dequeues(client: Client) -> None:
     client.runtime.redis.delete(*_lists(client, "control"))
 
 
+@pytest.mark.long
 def test_a_message_whose_dequeue_was_lost_starts_one_turn(private: Private) -> None:
     # Given an idle conversation, and no worker consuming the control queue
     settings, client = private(stall_timeout=1.0)
@@ -328,6 +333,7 @@ def test_a_message_whose_dequeue_was_lost_starts_one_turn(private: Private) -> N
     assert len(_turns(client, conversation_id)) == 2
 
 
+@pytest.mark.long
 def test_messages_lost_with_redis_data_are_re_queued_from_postgres(private: Private) -> None:
     # Given a busy conversation with two queued messages, and no worker at all
     settings, client = private(stall_timeout=1.0)

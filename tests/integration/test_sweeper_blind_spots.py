@@ -62,6 +62,7 @@ def test_a_spent_wall_budget_is_reached_past_the_sweeps_read_limit(private: Priv
     assert [_status(client, j.id) for j in hour] == ["running"] * 5
 
 
+@pytest.mark.long
 def test_a_call_in_a_queue_no_worker_reads_is_reported_and_fails_its_turn(
     private: Private,
 ) -> None:
@@ -99,6 +100,7 @@ def test_a_call_in_a_queue_no_worker_reads_is_reported_and_fails_its_turn(
     assert not [a for a in resent if a.conversation_id == conversation_id]
 
 
+@pytest.mark.long
 def test_a_deferral_longer_than_the_visibility_timeout_is_held_in_pieces(
     private: Private, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -45,21 +45,23 @@ def test_a_subagents_crashing_tool_ends_with_an_error_and_both_turns_go_on(
     assert len(runs.read_text().split()) == 3
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_a_tool_that_kills_a_supervised_threads_worker_ends_with_an_error(
     services: Services, tmp_path: Path
 ) -> None:
     # Given a supervised threads worker (two processes) of the tool's queue,
-    # an llm worker and beat (the sweeper re-sends the lost call: stall 8 s)
-    with isolated_settings(services, tmp_path) as settings:
+    # an llm worker and beat (the sweeper re-sends the lost call: stall 3 s,
+    # then 6 s and 12 s, each re-dispatch of the position waiting twice as long)
+    with isolated_settings(services, tmp_path, stall_timeout=3.0) as settings:
         client = Client(settings)
         llm = WorkerProcess(settings, "llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
         tools = WorkerProcess(
             settings, "crash", "-Q", "crash-threads", "-P", "threads", "-c", "4", "--processes", "2"
         )
         try:
-            llm.wait_ready(client, 120)
-            with running_beat(settings):
+            with running_beat(settings):  # beat starts while the workers do
+                llm.wait_ready(client, 120)
                 runs = tmp_path / "runs"
                 job = client.submit("worker-crasher", "go", context_data={"runs": str(runs)})
                 # Then the worker stays up while the sweeper re-sends the call,

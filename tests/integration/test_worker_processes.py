@@ -97,6 +97,7 @@ def _pids(workers: set[str]) -> set[int]:
     return {int(w.rpartition(":")[2]) for w in workers}
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_processes_all_take_steps_and_a_killed_one_is_restarted(settings: Settings) -> None:
     # Given `chorus worker --processes 2` for llm,control and a tools worker
@@ -156,6 +157,7 @@ def test_processes_all_take_steps_and_a_killed_one_is_restarted(settings: Settin
         client.close()
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_a_crash_looping_process_ends_the_supervisor(settings: Settings) -> None:
     # Given workers whose modules cannot be imported
@@ -190,6 +192,7 @@ def test_an_unrecoverable_error_exits_non_zero(settings: Settings) -> None:
     assert out.returncode == 1, out.stderr[-2000:]
 
 
+@pytest.mark.long
 def test_processes_must_be_auto_or_a_positive_number(settings: Settings) -> None:
     for value, why in (("0", "positive"), ("many", "positive"), ("2 -P prefork", "prefork")):
         out = subprocess.run(
@@ -205,6 +208,7 @@ def test_processes_must_be_auto_or_a_positive_number(settings: Settings) -> None
         assert why in out.stderr
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_the_default_tools_pool_runs_a_parallel_batch_at_once(settings: Settings) -> None:
     # Given a tools worker with the default pool, on a machine with fewer
