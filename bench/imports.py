@@ -78,6 +78,9 @@ PYCACHE = Path(tempfile.gettempdir()) / "chorus-bench-imports-pycache"
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # the checkout in cwd is the one imported
+    # Bytecode is written under the prefix (never into the checkout): with
+    # writing off, every run would compile every module and measure that.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     return env
 
