@@ -64,11 +64,15 @@ def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Se
 #: still open more): the parallel sessions of a run (tests/parallel.py), and
 #: other runs on the same server, share its max_connections (100 by default).
 WORKER_POOL_SIZE = "4"
+#: And at most this many more under a burst (the default, 30, lets four
+#: sessions' bursts pass the server's max_connections).
+WORKER_POOL_OVERFLOW = "6"
 
 
 def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("CHORUS_DB_POOL_SIZE", WORKER_POOL_SIZE)
+    env.setdefault("CHORUS_DB_POOL_OVERFLOW", WORKER_POOL_OVERFLOW)
     env.update(
         CHORUS_REDIS_URL=settings.redis_url or "",
         CHORUS_DATABASE_URL=settings.db_url,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import Client
+from orchestrator import Client, Settings
 from schemas import EventName, TurnStatus
 from tests.agents import LONG_WALK
 
@@ -36,8 +36,11 @@ def test_events_since_the_last_seq_of_a_finished_turn_ends(client: Client, worke
     assert time.monotonic() - started < 10
 
 
-def test_a_thousand_threads_wait_on_one_client(client: Client, workers: Any) -> None:
-    # Given 20 jobs that each take a few seconds
+def test_a_thousand_threads_wait_on_one_client(settings: Settings, workers: Any) -> None:
+    # Given one client with ten Postgres connections at most (the suite's
+    # parallel sessions share the server's max_connections), and 20 jobs
+    # that each take a few seconds
+    client = Client(settings.model_copy(update={"db_pool_size": 5, "db_pool_overflow": 5}))
     jobs = [client.submit("waited", f"job {i}") for i in range(20)]
 
     # When 1,000 threads wait on them through the one Client, half on
@@ -82,6 +85,7 @@ def test_a_thousand_threads_wait_on_one_client(client: Client, workers: Any) -> 
     assert Counter(results) == Counter({f"waited for job {i}": 50 for i in range(len(jobs))})
     assert all(j.status().status is TurnStatus.COMPLETED for j in jobs)
     assert waiting["peak"] > 100  # more waiters at once than redis-py's pool allows
+    client.close()
 
 
 def test_a_turn_of_thirty_steps_completes_with_the_default_max_steps(
