@@ -49,6 +49,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def push_onto_queues(settings: Settings, messages: Sequence[bytes]) -> redis.Redis:
+    """Push raw ``messages`` onto the fleet's control, llm and tools queues in
+    turn, as a broken or hostile producer would; the broker's client."""
+    broker = redis.Redis.from_url(settings.redis_url or "")
+    for i, raw in enumerate(messages):
+        broker.lpush(f"{settings.redis_prefix}:{('control', 'llm', 'tools')[i % 3]}", raw)
+    return broker
+
+
 @contextmanager
 def isolated_settings(
     services: Services,

@@ -28,7 +28,7 @@ from orchestrator.metrics import ChorusCollector
 from orchestrator.store.tables import ToolCallRow
 from schemas import AgentSpec
 from tests.conftest import WorkerProcess
-from tests.faults import PrivateRedis, isolated_settings
+from tests.faults import PrivateRedis, isolated_settings, push_onto_queues
 from tests.loopback_llm import LoopbackLLM
 from tests.services import Services
 
@@ -214,12 +214,10 @@ def test_undeliverable_messages_are_logged_counted_and_dropped(
         worker = WorkerProcess(settings, "all", "-Q", "llm,control,tools", "-P", "threads")
         try:
             worker.wait_ready(client, 120)
-            broker = redis.Redis.from_url(settings.redis_url or "")
             counter = dropped_messages(settings.redis_prefix)
 
             # When bytes that are not a message land on its queues
-            for i, raw in enumerate(UNDELIVERABLE):
-                broker.lpush(f"{settings.redis_prefix}:{('control', 'llm', 'tools')[i % 3]}", raw)
+            broker = push_onto_queues(settings, UNDELIVERABLE)
 
             # Then it drops each one, counting it, and stays up
             _wait(

@@ -17,7 +17,7 @@ from orchestrator.engine.sweep import sweep
 from orchestrator.keys import dropped_messages
 from orchestrator.metrics import ChorusCollector
 from tests.conftest import WorkerProcess
-from tests.faults import isolated_settings
+from tests.faults import isolated_settings, push_onto_queues
 from tests.fleet import running_beat
 from tests.integration.test_broker_faults import _envelope
 from tests.services import Services
@@ -137,10 +137,7 @@ def test_messages_of_chorus_tasks_wrong_in_one_field_cost_no_worker(
         worker = WorkerProcess(settings, "all", "-Q", "llm,control,tools", "-P", "threads")
         try:
             worker.wait_ready(client, 120)
-            broker = redis.Redis.from_url(settings.redis_url or "")
-            for i, raw in enumerate(ODD_TASKS):
-                queue = ("control", "llm", "tools")[i % 3]
-                broker.lpush(f"{settings.redis_prefix}:{queue}", raw)
+            push_onto_queues(settings, ODD_TASKS)
             time.sleep(5)
             assert client.submit("fleet-batch", "2 0.1").result(timeout=60) == "slept 2"
             assert worker.proc.poll() is None
