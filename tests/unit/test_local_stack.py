@@ -70,3 +70,39 @@ def test_the_supervisor_never_starts_more_than_its_count(upto: int) -> None:
         assert len(supervisor.pids) == min(upto, 2)
     finally:
         supervisor.stop(grace=5)
+
+
+def test_the_embedded_redis_moves_on_when_another_server_took_its_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between choosing a free port and binding it, another program may take
+    it; a Redis answering there must not be mistaken for the embedded one."""
+    import subprocess
+
+    import orchestrator.local as local
+
+    squatted = local._free_port()
+    squatter = subprocess.Popen(
+        [str(local.redis_server()), "--port", str(squatted), "--bind", "127.0.0.1", "--save", ""],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        while _refused(f"redis://127.0.0.1:{squatted}/0"):
+            assert squatter.poll() is None
+        ports = iter([squatted])
+        monkeypatch.setattr(local, "_free_port", lambda: next(ports, None) or _os_port())
+        with embedded_redis(Settings(state_dir=tmp_path / "state")) as url:
+            assert f":{squatted}/" not in url
+            client = redis.Redis.from_url(url)
+            assert client.info("server")["process_id"] != squatter.pid
+            client.close()
+    finally:
+        squatter.terminate()
+        squatter.wait()
+
+
+def _os_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
