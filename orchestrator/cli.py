@@ -33,6 +33,8 @@ errors = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
 
 #: Exit status of a user mistake (unknown agent, bad JSON, missing job, ...).
 USAGE_ERROR = 2
+#: Exit status when Redis or Postgres does not answer.
+UNREACHABLE = 1
 
 #: The example ``chorus local`` runs when given no agent.
 EXAMPLE_MODULE = "examples.parallel_tools"
@@ -475,6 +477,19 @@ def local(
             )
 
 
+def _unreachable(exc: BaseException) -> str | None:
+    """One line naming the service that did not answer, if EXC says so
+    (checked only against modules already loaded: `--help` loads neither)."""
+    redis_errors = sys.modules.get("redis.exceptions")
+    if redis_errors is not None and isinstance(exc, redis_errors.ConnectionError):
+        return f"Redis does not answer: {exc}"
+    sql_errors = sys.modules.get("sqlalchemy.exc")
+    if sql_errors is not None and isinstance(exc, sql_errors.OperationalError):
+        first = str(exc.orig).strip().splitlines()[0] if exc.orig else "no connection"
+        return f"Postgres does not answer: {first}"
+    return None
+
+
 def main() -> None:
     """The ``chorus`` entry point: a user mistake is one line on stderr and
     exit status 2, never a traceback."""
@@ -483,6 +498,12 @@ def main() -> None:
     except UserError as exc:
         errors.print(f"chorus: {exc}")
         sys.exit(USAGE_ERROR)
+    except Exception as exc:
+        down = _unreachable(exc)
+        if down is None:
+            raise
+        errors.print(f"chorus: {down}")
+        sys.exit(UNREACHABLE)
     finally:
         # The interpreter's teardown runs collections over the whole heap
         # (after litellm is imported, seconds of CPU); frozen objects are

@@ -76,6 +76,22 @@ def test_local_refuses_an_unknown_example(tmp_path: Path) -> None:
     assert not (tmp_path / "chorus.db").exists()  # refused before anything started
 
 
+def test_a_service_that_does_not_answer_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
+    env.update(CHORUS_STATE_DIR=str(tmp_path), CHORUS_REDIS_URL="redis://127.0.0.1:1/0")
+    out = run(["queues"], env)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr.startswith("chorus: Redis does not answer: ")
+    assert "Traceback" not in out.stderr
+
+    env["CHORUS_REDIS_URL"] = os.environ.get("CHORUS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    env["CHORUS_DATABASE_URL"] = "postgresql+psycopg://postgres:hunter2@127.0.0.1:1/chorus"
+    out = run(["status", "job-1"], env)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith("chorus: Postgres does not answer: ")
+    assert "Traceback" not in out.stderr and "hunter2" not in out.stderr
+
+
 @pytest.mark.long
 @pytest.mark.integration
 def test_submit_follow_status_and_events_against_the_fleet(
