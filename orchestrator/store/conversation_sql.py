@@ -24,6 +24,7 @@ from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.rows import AnyConversation, ConversationRow, TurnRow
 from orchestrator.store.statements import (
     NewRow,
+    Riders,
     filled,
     insert_new,
     new_row_params,
@@ -158,7 +159,7 @@ def start_conversation(
 
 
 @cache
-def _rows_if(models: tuple[type[SQLModel], ...]) -> Any:
+def _rows_if(models: tuple[type[SQLModel], ...]) -> Riders:
     """The riders of a guarded start: a row of each of ``models``, each
     inserted only if the guard changed a row."""
 

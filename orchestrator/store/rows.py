@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import ColumnElement, FromClause
 
-from orchestrator.store.tables import Conversation, Turn
+from orchestrator.store.tables import Conversation
 
 
 class ConversationRow(NamedTuple):
@@ -77,8 +77,6 @@ class CallRow(NamedTuple):
 #: A conversation as the engine holds it: a named operation's row, or the
 #: entity a transaction loaded to change it.
 AnyConversation = ConversationRow | Conversation
-#: A turn, likewise.
-AnyTurn = TurnRow | Turn
 
 Row = ConversationRow | TurnRow | CallRow
 R = TypeVar("R", ConversationRow, TurnRow, CallRow)
