@@ -14,8 +14,8 @@ from orchestrator.errors import ConfigurationError
 from orchestrator.events import Outbox, publish_live
 from orchestrator.llm.client import LiteLLMClient, ModelClient
 from orchestrator.settings import Settings
-from orchestrator.store.db import Pool, autocommit_scope, session_scope
-from orchestrator.store.dialect import url_is_postgres
+from orchestrator.store.db import Db, Pool, autocommit_scope, session_scope
+from orchestrator.store.dialect import url_is_postgres, write_scope
 from schemas import Event
 
 
@@ -59,6 +59,13 @@ class Runtime:
         and single-statement writes, without ``BEGIN``/``COMMIT`` round trips."""
         with autocommit_scope(self.settings.db_url, pool=self.pool) as connection:
             yield connection
+
+    @contextmanager
+    def guarded_write(self) -> Iterator[Db]:
+        """Where a guarded write runs with its events: one statement on its
+        own where it can be (:func:`~orchestrator.store.dialect.write_scope`)."""
+        with write_scope(self.settings.db_url, self.pool) as db:
+            yield db
 
     @contextmanager
     def transaction(self, outbox: Outbox | None = None) -> Iterator[tuple[Session, Outbox]]:

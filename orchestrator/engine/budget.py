@@ -14,7 +14,8 @@ from __future__ import annotations
 from sqlmodel import Session
 
 from orchestrator.events import ConversationIds, Outbox, TurnIds
-from orchestrator.store.job_totals import JobRow, roll_up
+from orchestrator.store.job_totals import roll_up
+from orchestrator.store.rows import TurnRow
 from orchestrator.store.tables import Conversation, Turn, utcnow
 from schemas import Budget, EventName, Usage
 
@@ -25,7 +26,7 @@ NO_MORE_TOOLS = (
 
 
 #: What a step reads of its job's turn before the model call.
-JobTotals = Turn | JobRow
+JobTotals = Turn | TurnRow
 
 
 def job_of(session: Session, turn: Turn) -> Turn:

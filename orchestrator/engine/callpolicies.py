@@ -23,7 +23,7 @@ from orchestrator.policies.ratelimits import RateLimits
 from orchestrator.policies.retry import Retry
 from orchestrator.ratelimit import RateLimited
 from orchestrator.runtime import Runtime
-from orchestrator.store.tool_call_sql import CallFields
+from orchestrator.store.rows import CallRow
 from schemas import AgentSpec
 
 #: The most failures :func:`failure_log` keeps (the latest).
@@ -90,7 +90,7 @@ def stop_error(policy: str, stop: Stop) -> str:
 
 
 def tool_call(
-    spec: AgentSpec, call: CallFields, turn: tuple[str, dict[str, Any]], conversation_id: str
+    spec: AgentSpec, call: CallRow, turn: tuple[str, dict[str, Any]], conversation_id: str
 ) -> ToolCall:
     """The tool call a run's policies see. ``turn``: its id and ``context_data``."""
     turn_id, context_data = turn

@@ -27,6 +27,12 @@ from orchestrator.policies import Defer
 from orchestrator.policies.chain import after_model, policies_of
 from orchestrator.ratelimit import RateLimited, request_tokens
 from orchestrator.runtime import Runtime
+from orchestrator.store.conversation_sql import (
+    NewConversation,
+    first_message,
+    new_conversation,
+    start_conversation,
+)
 from orchestrator.store.job_totals import lock_job
 from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
 from schemas import (
@@ -147,6 +153,11 @@ def _add_to(
     )
 
 
+def _turn_of(summarizer_id: str) -> str:
+    """The ``turn_id`` of a summarizer's messages (it runs no turn)."""
+    return f"checkpoint:{summarizer_id}"
+
+
 def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
     """Summarize the conversation up to its latest clean boundary.
 
@@ -178,25 +189,12 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         admitted = limits.before_model(call)
         if isinstance(admitted, Defer):  # nothing stored yet
             raise RateLimited(admitted.seconds)
-        summarizer = Conversation(
-            root_id=conv.root_id,
-            parent_id=conv.id,
-            depth=conv.depth + 1,
-            agent=agent.name,
-            agent_spec=agent.model_dump(mode="json"),
-            kind="checkpoint",
+        values = new_conversation(conv, agent.model_dump(mode="json"), kind="checkpoint")
+        summarizer = NewConversation(
+            values,
+            message=first_message(values["id"], _turn_of(values["id"]), prompt[-1]["content"]),
         )
-        session.add(summarizer)
-        session.add(
-            MessageRow(
-                conversation_id=summarizer.id,
-                turn_id=f"checkpoint:{summarizer.id}",
-                step=0,
-                kind="input",
-                role="user",
-                content=[TextBlock(text=prompt[-1]["content"]).model_dump()],
-            )
-        )
+        start_conversation(session, summarizer)
         outbox.record(
             EventName.CHECKPOINT_STARTED,
             conv,
@@ -216,7 +214,7 @@ def take_checkpoint(rt: Runtime, conversation_id: str) -> bool:
         session.add(
             MessageRow(
                 conversation_id=summarizer.id,
-                turn_id=f"checkpoint:{summarizer.id}",
+                turn_id=_turn_of(summarizer.id),
                 step=0,
                 kind="assistant",
                 role="assistant",

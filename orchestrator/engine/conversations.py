@@ -9,7 +9,6 @@ from sqlalchemy import delete
 from sqlmodel import Session, col
 
 from orchestrator.engine.cursor import move_cursor
-from orchestrator.engine.history import copy_messages
 from orchestrator.errors import (
     ConversationBusyError,
     ConversationNotFound,
@@ -17,6 +16,11 @@ from orchestrator.errors import (
     invalid,
 )
 from orchestrator.runtime import Runtime
+from orchestrator.store.conversation_sql import (
+    NewConversation,
+    new_conversation,
+    start_conversation,
+)
 from orchestrator.store.tables import Conversation, MessageRow, new_id
 from orchestrator.store.values import check
 from schemas import ConversationState, Message
@@ -45,10 +49,8 @@ def fork(rt: Runtime, conversation_id: str) -> str:
     """A new root conversation with the same agent and a copy of the messages."""
     with rt.session() as session:
         conv = load_idle(session, conversation_id)
-        copy = Conversation(agent=conv.agent, agent_spec=conv.agent_spec, root_id="")
-        copy.root_id = copy.id
-        session.add(copy)
-        copy_messages(session, conversation_id, copy.id)
+        copy = NewConversation(new_conversation(None, conv.agent_spec))
+        start_conversation(session, copy, copy_from=conversation_id)
         _claim(session, conv)
         return copy.id
 

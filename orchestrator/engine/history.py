@@ -344,26 +344,3 @@ def model_prompt(
         chars += entry.chars
         cut = cut or entry.cut
     return Prompt(messages, chars if messages else 2, cut)
-
-
-def copy_messages(session: Session, source_id: str, target_id: str) -> None:
-    """Copy every message of conversation ``source_id`` to ``target_id``."""
-    rows = session.exec(
-        select(MessageRow)
-        .where(MessageRow.conversation_id == source_id)
-        .order_by(col(MessageRow.id))
-    ).all()
-    session.add_all(
-        MessageRow(
-            conversation_id=target_id,
-            turn_id=row.turn_id,
-            step=row.step,
-            kind=row.kind,
-            role=row.role,
-            content=row.content,
-            input_tokens=row.input_tokens,
-            output_tokens=row.output_tokens,
-            cost_usd=row.cost_usd,
-        )
-        for row in rows
-    )

@@ -44,7 +44,8 @@ from orchestrator.events import ConversationIds, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db
-from orchestrator.store.job_totals import TREE_TOOL_CALLS, JobRow, lock_job, tree_params
+from orchestrator.store.job_totals import TREE_TOOL_CALLS, lock_job, tree_params
+from orchestrator.store.rows import ConversationRow, TurnRow
 from orchestrator.store.statements import NewRow, new_row_params
 from orchestrator.store.step_sql import (
     ATTEMPTS,
@@ -52,8 +53,7 @@ from orchestrator.store.step_sql import (
     STEP_MOVE,
     STORE_CALLS,
     STORE_MESSAGE,
-    LeasedConversation,
-    LeasedTurn,
+    Leased,
     batch_riders,
     release,
     store_reply,
@@ -109,7 +109,7 @@ def persist(
     reply: ModelReply,
     clocks: tuple[float, float],
     tools_allowed: bool,
-    leased: tuple[LeasedConversation, LeasedTurn, JobRow, AgentSpec],
+    leased: tuple[ConversationRow, TurnRow, TurnRow, AgentSpec],
     offered: Collection[str],
 ) -> list[Action]:
     """``clocks``: monotonic times the model call and the step task began;
@@ -356,7 +356,7 @@ def _one_statement(
     rt: Runtime,
     spec: AgentSpec,
     reply: ModelReply,
-    lease: tuple[LeasedConversation, LeasedTurn, JobRow],
+    lease: Leased,
 ) -> bool:
     """Is the reply a batch of tools to run that :func:`_store_batch` can
     store? On Postgres, for a job's own turn on its root conversation (no
@@ -403,7 +403,7 @@ def _store_batch(
     owner: str,
     reply: ModelReply,
     clocks: tuple[float, float],
-    lease: tuple[LeasedConversation, LeasedTurn, AgentSpec],
+    lease: tuple[ConversationRow, TurnRow, AgentSpec],
     offered: Collection[str],
 ) -> list[Action]:
     """Store a batch of tools to run (:func:`_one_statement`) in one
@@ -494,7 +494,7 @@ def _record_calls(
 def _call_rows(
     db: Db,
     outbox: Outbox,
-    where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
+    where: tuple[Conversation, Turn] | tuple[ConversationRow, TurnRow],
     step: int,
     meaning: RunCalls,
 ) -> tuple[list[dict[str, Any]], list[ToolTask]]:
@@ -558,7 +558,7 @@ def _call_rows(
 def _answer_here(
     db: Db,
     outbox: Outbox,
-    where: tuple[Conversation, Turn] | tuple[LeasedConversation, LeasedTurn],
+    where: tuple[Conversation, Turn] | tuple[ConversationRow, TurnRow],
     planned: PlannedCall,
     row: dict[str, Any],
     handed: list[str],

@@ -45,10 +45,9 @@ from orchestrator.policies.chain import after_model, before_model, on_model_fail
 from orchestrator.ratelimit import RateLimited, request_tokens
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db
-from orchestrator.store.job_totals import JobRow
+from orchestrator.store.rows import ConversationRow, TurnRow
 from orchestrator.store.step_sql import (
-    LeasedConversation,
-    LeasedTurn,
+    Leased,
     deferred_until,
     release_lease,
     take_lease,
@@ -81,9 +80,7 @@ def new_lease_owner() -> str:
     return uuid.uuid4().hex
 
 
-def _take_lease(
-    rt: Runtime, ids: tuple[str, str, int], owner: str
-) -> tuple[LeasedConversation, LeasedTurn, JobRow] | None:
+def _take_lease(rt: Runtime, ids: tuple[str, str, int], owner: str) -> Leased | None:
     """Take the model-call lease (:func:`~orchestrator.store.step_sql.take_lease`),
     committed on its own. None: this copy leaves."""
     with rt.autocommit() as connection:
@@ -415,7 +412,7 @@ def _policed(
     rt: Runtime,
     admitted: Outbox,
     where: tuple[tuple[str, str, int], str],
-    leased: tuple[LeasedConversation, LeasedTurn],
+    leased: tuple[ConversationRow, TurnRow],
     policed: tuple[Sequence[Policy], ModelCall],
     request: tuple[list[dict[str, Any]], Prompt],
 ) -> tuple[ModelCall, bool] | list[Action]:

@@ -22,24 +22,10 @@ from orchestrator.logs import bind, redact
 from orchestrator.policies import Policy, Stop, ToolCall
 from orchestrator.policies.chain import after_tool, before_tool, policies_of
 from orchestrator.runtime import Runtime
-from orchestrator.store.dialect import writes_in_ctes
-from orchestrator.store.subagent_sql import (
-    CallerConversation,
-    CallerTurn,
-    claim_call,
-    read_call,
-)
+from orchestrator.store.rows import CallRow, ConversationRow, TurnRow
+from orchestrator.store.subagent_sql import claim_call, read_call
 from orchestrator.store.tables import CALL_FINISHED
-from orchestrator.store.tool_call_sql import (
-    RESULT,
-    CallFields,
-    Claimed,
-    ClaimedCall,
-    ConversationFields,
-    TurnFields,
-    claim,
-    result_params,
-)
+from orchestrator.store.tool_call_sql import Claimed, claim, record_result
 from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools.calls import STOP_POLL, ToolContext, ToolStopped
 from schemas import AgentSpec, EventName, TurnStatus
@@ -154,18 +140,12 @@ def run_tool(
     limit = spec.tool_output_limit
     view_chars = limit if archives(call.tool, result, limit) else None
 
-    with rt.autocommit() as connection:
-        together = writes_in_ctes(connection)
-        if together:  # the result and its events: one statement, one round trip
-            _record_completion(started, call, turn, conv, result, is_error, view_chars)
-            stored = started.flush_if(
-                connection, RESULT, result_params(call.id, result, is_error, view_chars)
-            )
-    if not together:
-        with rt.transaction(started) as (session, outbox):
-            if not _store_result(session, outbox, call, turn, conv, result, is_error, view_chars):
-                outbox.discard()  # another copy finished it: no tool.started either
-    elif stored:
+    # the result and its events, tool.started too, only if the result took
+    # (another copy may have finished it): on Postgres one statement
+    _record_completion(started, call, turn, conv, result, is_error, view_chars)
+    with rt.guarded_write() as db:
+        stored = record_result(db, call.id, (result, is_error, view_chars), started)
+    if stored:
         rt.publish(started)
     return []
 
@@ -187,7 +167,7 @@ def _admitted(
     return None, decided
 
 
-def _exhausted(rt: Runtime, call: CallFields) -> str | None:
+def _exhausted(rt: Runtime, call: CallRow) -> str | None:
     """The error result of a call claimed more than ``max_tool_attempts``
     times, or None. Each claim counts a run; a claim finding the call
     already running means the run before it never recorded its result: its
@@ -204,7 +184,7 @@ def _exhausted(rt: Runtime, call: CallFields) -> str | None:
     )
 
 
-def _bind(call: CallFields, turn: TurnFields, conv: ConversationFields) -> None:
+def _bind(call: CallRow, turn: TurnRow, conv: ConversationRow) -> None:
     """Name the call in this task's log lines."""
     bind(
         conversation_id=conv.id,
@@ -235,12 +215,12 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         found = read_call(session, call_id)
         if found is None:
             return []
-        call, turn, conv = found
+        call, turn, conv, job = found
         if not is_subagent_call(call.tool):
             return None
         if call.status in CALL_FINISHED or turn.status != TurnStatus.RUNNING.value:
             return []
-        if turn.job_stop_status is not None:
+        if job.stop_status is not None:
             return []  # the job is being stopped: the stop records this call cancelled
         spec = AgentSpec.model_validate(conv.agent_spec)
         refused = refusal(spec, call.tool)
@@ -257,7 +237,7 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
 
 
-def _read(rt: Runtime, conv: ConversationFields, call: CallFields, limit: int) -> tuple[str, bool]:
+def _read(rt: Runtime, conv: ConversationRow, call: CallRow, limit: int) -> tuple[str, bool]:
     """A ``read_tool_output`` call: (its slice, or its error, and is_error)."""
     try:
         with rt.session() as session:
@@ -266,37 +246,28 @@ def _read(rt: Runtime, conv: ConversationFields, call: CallFields, limit: int) -
         return _error(exc), True
 
 
-def _record_result(
-    session: Session, call: CallFields, result: Any, is_error: bool, view_chars: int | None = None
-) -> bool:
-    """Write the call's one result; False if a result was already there."""
-    written = session.execute(RESULT, result_params(call.id, result, is_error, view_chars))
-    return bool(written.rowcount == 1)  # type: ignore[attr-defined]
-
-
 def _store_result(
     session: Session,
     outbox: Outbox,
-    call: CallFields,
-    turn: TurnFields,
-    conv: ConversationFields,
+    call: CallRow,
+    turn: TurnRow,
+    conv: ConversationRow,
     result: Any,
     is_error: bool,
-    view_chars: int | None = None,
 ) -> bool:
     """Record the call's result and its event, unless it already has one
     (then False)."""
-    if not _record_result(session, call, result, is_error, view_chars):
+    if not record_result(session, call.id, (result, is_error, None)):
         return False
-    _record_completion(outbox, call, turn, conv, result, is_error, view_chars)
+    _record_completion(outbox, call, turn, conv, result, is_error)
     return True
 
 
 def _record_completion(
     outbox: Outbox,
-    call: CallFields,
-    turn: TurnFields,
-    conv: ConversationFields,
+    call: CallRow,
+    turn: TurnRow,
+    conv: ConversationRow,
     result: Any,
     is_error: bool,
     view_chars: int | None = None,
@@ -320,8 +291,8 @@ def _delegate(
     rt: Runtime,
     session: Session,
     outbox: Outbox,
-    call: ClaimedCall,
-    caller: tuple[CallerTurn, CallerConversation, AgentSpec],
+    call: CallRow,
+    caller: tuple[TurnRow, ConversationRow, AgentSpec],
 ) -> list[Action]:
     """Start the child; a refused call (unknown subagent, bad arguments,
     depth or fan-out limit) is answered at once with an error result."""
@@ -329,7 +300,7 @@ def _delegate(
         return start_child(rt, session, outbox, call, caller)
     except ChorusError as exc:
         turn, conv, _ = caller
-        if _record_result(session, call, _error(exc), True):
+        if record_result(session, call.id, (_error(exc), True, None)):
             outbox.record(
                 EventName.SUBAGENT_FAILED,
                 conv,

@@ -19,7 +19,10 @@ reader finds them all from here (``grep`` a name for its uses):
 - :func:`binds_arrays`: a list is bound as one array (``= ANY(:ids)``;
   SQLite: an expanding ``IN``);
 - :func:`has_snapshots`: the transaction snapshot bounds what a reader of
-  events may see (``pg_current_snapshot``).
+  events may see (``pg_current_snapshot``);
+- :func:`write_scope`: where a guarded write and its events run, an
+  autocommit connection where they are one statement (Postgres), a
+  transaction where they are several (SQLite).
 
 :func:`url_is_postgres` answers the same from a database URL, before any
 connection (``Runtime.postgres``). Elsewhere in ``store/``: SQLite keeps
@@ -29,11 +32,14 @@ naive UTC datetimes (``tables.UTCDateTime``), begins every transaction
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from sqlalchemy import make_url
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from orchestrator.store.db import Db
+from orchestrator.store.db import DEFAULT_POOL, Db, Pool, autocommit_scope, session_scope
 
 _POSTGRES = "postgresql"
 
@@ -74,3 +80,19 @@ def binds_arrays(db: Db | Engine) -> bool:
 def has_snapshots(db: Db | Engine) -> bool:
     """Does a transaction's snapshot bound what a reader of events sees?"""
     return is_postgres(db)
+
+
+@contextmanager
+def write_scope(url: str, pool: Pool = DEFAULT_POOL) -> Iterator[Db]:
+    """Where a guarded write runs with its events (a tool's result, a
+    child's start): on Postgres a connection whose every statement commits
+    as it runs, as the write and its events are one statement
+    (:func:`writes_in_ctes`: no ``BEGIN``/``COMMIT`` round trips); on
+    SQLite a session whose transaction commits on leaving, as they are
+    several."""
+    if url_is_postgres(url):
+        with autocommit_scope(url, pool) as connection:
+            yield connection
+    else:
+        with session_scope(url, pool=pool) as session:
+            yield session

@@ -1,12 +1,11 @@
-"""The job's tree totals in SQL: its turn's row as the lease reads it, the
-lock of its root conversation's row, and the atomic roll-up of a model
-call's usage. What a budget allows is decided in
+"""The job's tree totals in SQL: the lock of its root conversation's row
+and the atomic roll-up of a model call's usage (the job's turn is read as
+a :class:`~orchestrator.store.rows.TurnRow`). What a budget allows is decided in
 :mod:`orchestrator.engine.budget`."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlmodel import Session
@@ -17,23 +16,6 @@ from schemas import Usage
 _TURNS = table(Turn)
 _CONVERSATIONS = table(Conversation)
 
-
-class JobRow(NamedTuple):
-    """A child's job's turn as the lease statement returns it
-    (:data:`JOB_ROW_COLUMNS`), without loading the entity."""
-
-    id: str
-    budget: dict[str, Any] | None
-    tree_input_tokens: int
-    tree_output_tokens: int
-    tree_cost_usd: float
-    tree_steps: int
-    tree_tool_calls: int
-    started_at: datetime
-
-
-#: The columns of :class:`JobRow`, in order.
-JOB_ROW_COLUMNS = JobRow._fields
 
 #: The job's root conversation row, locked (:func:`lock_job`). Statements
 #: built once, executed with parameters: no statement building and no

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -32,15 +32,8 @@ from orchestrator.store.clock import db_now
 from orchestrator.store.db import Db, connection_of
 from orchestrator.store.dialect import returns_joined_rows, writes_in_ctes
 from orchestrator.store.fast_executor import execute
-from orchestrator.store.job_totals import (
-    JOB_ROW_COLUMNS,
-    LOCK_JOB,
-    ROLL_UP,
-    TREE_TOTALS,
-    JobRow,
-    lock_job,
-    roll_up,
-)
+from orchestrator.store.job_totals import LOCK_JOB, ROLL_UP, TREE_TOTALS, lock_job, roll_up
+from orchestrator.store.rows import ConversationRow, TurnRow, columns, take
 from orchestrator.store.statements import MESSAGE_VALUES, Riders, message_params, new_rows_if, run
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
 from schemas import ConversationState, Usage
@@ -54,27 +47,6 @@ _TOOL_CALLS = table(ToolCallRow)
 _JOB = aliased(Turn, name="job")
 
 _JOB_TURNS = _TURNS.alias("job")
-
-
-class LeasedConversation(NamedTuple):
-    """What a step reads of its conversation when it takes the lease."""
-
-    id: str
-    root_id: str
-    agent_spec: dict[str, Any]
-    turn_id: str
-    cursor_step: int
-    priority: int
-    step_failures: int
-    step_failure_log: list[dict[str, Any]] | None
-
-
-class LeasedTurn(NamedTuple):
-    """What a step reads of its turn when it takes the lease."""
-
-    id: str
-    correlation_id: str
-    context_data: dict[str, Any]
 
 
 #: The conversation ``b_conv`` runs its turn ``b_turn`` and its cursor is at
@@ -115,13 +87,12 @@ _TAKE = (
     )
     .values(lease_owner=bindparam("b_owner"), lease_until=db_now(bindparam("b_lease")))
 )
-#: The columns of :class:`LeasedConversation`, :class:`LeasedTurn` and the
-#: job's :class:`~orchestrator.store.job_totals.JobRow`, in order (labelled:
-#: the three tables share column names).
+#: The columns of the conversation, the turn and the job's turn, in order
+#: (labelled: the three tables share column names).
 _LEASED = (
-    *(_CONVERSATIONS.c[c].label(f"c_{c}") for c in LeasedConversation._fields),
-    *(_TURNS.c[c].label(f"t_{c}") for c in LeasedTurn._fields),
-    *(_JOB_TURNS.c[c].label(f"j_{c}") for c in JOB_ROW_COLUMNS),
+    *columns(ConversationRow, _CONVERSATIONS, "c"),
+    *columns(TurnRow, _TURNS, "t"),
+    *columns(TurnRow, _JOB_TURNS, "j"),
 )
 #: Take the lease and read the step's columns: Core rows, not entities
 #: (an ORM update is annotated anew at every execution, so SQLAlchemy
@@ -139,15 +110,17 @@ LEASED = select_columns(*_LEASED).where(
 )
 
 
-def leased(row: Sequence[Any]) -> tuple[LeasedConversation, LeasedTurn, JobRow]:
+#: What a step reads as it takes the lease: its conversation, its turn and
+#: the job's turn.
+Leased = tuple[ConversationRow, TurnRow, TurnRow]
+
+
+def leased(row: Sequence[Any]) -> Leased:
     """A row of :data:`TAKE_JOINED` or :data:`LEASED`, split in three."""
-    conv_end = len(LeasedConversation._fields)
-    turn_end = conv_end + len(LeasedTurn._fields)
-    return (
-        LeasedConversation(*row[:conv_end]),
-        LeasedTurn(*row[conv_end:turn_end]),
-        JobRow(*row[turn_end:]),
-    )
+    conv, at = take(ConversationRow, row)
+    turn, at = take(TurnRow, row, at)
+    job, _ = take(TurnRow, row, at)
+    return conv, turn, job
 
 
 #: The conversation, the turn and the job's turn, the conversation's row
@@ -287,7 +260,7 @@ def release(owned: bool, deferred: bool, failed: bool = False) -> Update:
 
 def take_lease(
     connection: Connection, ids: tuple[str, str, int], owner: str, seconds: float
-) -> tuple[LeasedConversation, LeasedTurn, JobRow] | None:
+) -> Leased | None:
     """Take the model-call lease of step ``ids`` (conversation, turn, step)
     for ``owner`` for ``seconds``, if the cursor is at that step, no live
     lease is held by another copy, the step is not deferred past now and

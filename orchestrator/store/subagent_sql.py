@@ -5,8 +5,9 @@ start, ``chorus.tool``) and a result (its end, ``answer_parent``). Built
 per call through the ORM, with the call, its turn and its conversation
 loaded as entities (all their JSON columns), these were most of a child's
 start. Built once here against the tables, with ``bindparam``s, they run
-with a dict of parameters and return only the columns that are read, as
-plain tuples (:mod:`orchestrator.store.statements`).
+with a dict of parameters and return the store's row types
+(:mod:`orchestrator.store.rows`), plain tuples. The child's own rows are
+written by :func:`orchestrator.store.conversation_sql.start_conversation`.
 """
 
 from __future__ import annotations
@@ -17,73 +18,26 @@ from typing import Any, NamedTuple
 from sqlalchemy import bindparam, exists, func, select, true, update
 from sqlmodel import Session
 
+from orchestrator.store.conversation_sql import Guard
 from orchestrator.store.dialect import returns_joined_rows
 from orchestrator.store.job_totals import LOCK_JOB, lock_job
+from orchestrator.store.rows import CallRow, ConversationRow, TurnRow, columns, take
 from orchestrator.store.statements import run, unfinished
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
-from orchestrator.store.tool_call_sql import ClaimedCall
-
-
-class SubagentCall(NamedTuple):
-    """What a subagent call's start reads of the call."""
-
-    id: str
-    tool: str
-    tool_request_id: str
-    params: dict[str, Any]
-    attempts: int
-    step: int
-    status: str
-
-
-class CallerTurn(NamedTuple):
-    """What a child's start reads of the turn that called it, and whether
-    that turn's job is being stopped (``job_stop_status``)."""
-
-    id: str
-    correlation_id: str
-    context_data: dict[str, Any]
-    job_id: str | None
-    status: str
-    job_stop_status: str | None
-
-
-class CallerConversation(NamedTuple):
-    """What a child's start reads of the conversation that called it."""
-
-    id: str
-    root_id: str
-    agent_spec: dict[str, Any]
-    depth: int
-    priority: int
-
-
-class ConversationRef(NamedTuple):
-    """A conversation's ids, as its events name them."""
-
-    id: str
-    root_id: str
-
-
-class TurnEventRef(NamedTuple):
-    """A turn's ids, as its events name them."""
-
-    id: str
-    correlation_id: str
 
 
 class Answered(NamedTuple):
-    """A subagent call that took its child's outcome as its result: what
-    the parent's event and its advance need."""
+    """A subagent call that took its child's outcome as its result: the
+    call, its turn and its conversation (the parent's event and advance)."""
 
-    conversation: ConversationRef
-    turn: TurnEventRef
-    priority: int
-    step: int
-    segment: int
-    tool: str
-    tool_request_id: str
+    call: CallRow
+    turn: TurnRow
+    conversation: ConversationRow
 
+
+#: A subagent call as its start reads it: the call, its turn, its
+#: conversation and its job's turn (its stop mark).
+Caller = tuple[CallRow, TurnRow, ConversationRow, TurnRow]
 
 _CALLS = table(ToolCallRow)
 _TURNS = table(Turn)
@@ -91,26 +45,19 @@ _CONVERSATIONS = table(Conversation)
 _JOBS = _TURNS.alias("job")
 
 
-def _columns(found: Any, fields: tuple[str, ...]) -> list[Any]:
-    return [found.c[name] for name in fields]
-
-
-_CALLER_TURN_COLUMNS = CallerTurn._fields[:-1]
-_SPLIT = (len(SubagentCall._fields), len(SubagentCall._fields) + len(CallerTurn._fields))
-
-#: The call, its turn, its job's stop mark and its conversation, in one
-#: read (no lock: the claim that follows is the conditional update).
+#: The call, its turn, its conversation and its job's turn, in one read (no
+#: lock: the claim that follows is the conditional update).
 _READ = (
     select(
-        *_columns(_CALLS, SubagentCall._fields),
-        *_columns(_TURNS, _CALLER_TURN_COLUMNS),
-        _JOBS.c.stop_status,
-        *_columns(_CONVERSATIONS, CallerConversation._fields),
+        *columns(CallRow, _CALLS),
+        *columns(TurnRow, _TURNS),
+        *columns(ConversationRow, _CONVERSATIONS),
+        *columns(TurnRow, _JOBS),
     )
     .select_from(
         _CALLS.join(_TURNS, _TURNS.c.id == _CALLS.c.turn_id)
         .join(_CONVERSATIONS, _CONVERSATIONS.c.id == _CALLS.c.conversation_id)
-        .outerjoin(_JOBS, _JOBS.c.id == func.coalesce(_TURNS.c.job_id, _TURNS.c.id))
+        .join(_JOBS, _JOBS.c.id == func.coalesce(_TURNS.c.job_id, _TURNS.c.id))
     )
     .where(_CALLS.c.id == bindparam("call_id"))
 )
@@ -127,14 +74,8 @@ _CLAIM = (
         started_at=bindparam("claimed_at"),
         task_id=bindparam("claiming_task"),
     )
-    .returning(*_columns(_CALLS, ClaimedCall._fields))
+    .returning(*columns(CallRow, _CALLS))
 )
-
-
-def _of_call(column: Any, key: Any) -> Any:
-    """``column`` of the row whose id is the call's ``key``: a scalar
-    subquery in the answer's RETURNING (Postgres)."""
-    return select(column).where(column.table.c.id == key).scalar_subquery()
 
 
 #: The call's one result (none if it has one already).
@@ -148,46 +89,40 @@ _RESULT = (
         }
     )
 )
-_ANSWER_END = ("step", "segment", "tool", "tool_request_id")
-#: The result returning what the parent's event and its advance need, the
-#: parent's ids and priority read in the same statement (Postgres).
-_ANSWER = _RESULT.returning(
-    _CALLS.c.conversation_id,
-    _of_call(_CONVERSATIONS.c.root_id, _CALLS.c.conversation_id),
-    _CALLS.c.turn_id,
-    _of_call(_TURNS.c.correlation_id, _CALLS.c.turn_id),
-    _of_call(_CONVERSATIONS.c.priority, _CALLS.c.conversation_id),
-    *_columns(_CALLS, _ANSWER_END),
+#: The result returning the call, its turn and its conversation (Postgres:
+#: an ``UPDATE … FROM`` returns the joined rows; they are not locked).
+_ANSWER = _RESULT.where(
+    _TURNS.c.id == _CALLS.c.turn_id, _CONVERSATIONS.c.id == _CALLS.c.conversation_id
+).returning(
+    *columns(CallRow, _CALLS),
+    *columns(TurnRow, _TURNS),
+    *columns(ConversationRow, _CONVERSATIONS),
 )
-#: SQLite renders RETURNING without table names, so a subquery there
-#: cannot name the call's columns: the result returns the call's, then the
-#: parent's are one read.
+#: SQLite's RETURNING cannot name joined tables: the result returns the
+#: call's columns, then its turn and conversation are one read.
 _ANSWER_CALL = _RESULT.returning(
-    _CALLS.c.conversation_id, _CALLS.c.turn_id, *_columns(_CALLS, _ANSWER_END)
+    *columns(CallRow, _CALLS), _CALLS.c.turn_id, _CALLS.c.conversation_id
 )
 _PARENT = (
-    select(_CONVERSATIONS.c.root_id, _TURNS.c.correlation_id, _CONVERSATIONS.c.priority)
-    .select_from(_CONVERSATIONS.join(_TURNS, true()))  # two rows by key: one row
+    select(*columns(TurnRow, _TURNS), *columns(ConversationRow, _CONVERSATIONS))
+    .select_from(_TURNS.join(_CONVERSATIONS, true()))  # two rows by key: one row
     .where(
-        _CONVERSATIONS.c.id == bindparam("conversation_id"),
         _TURNS.c.id == bindparam("turn_id"),
+        _CONVERSATIONS.c.id == bindparam("conversation_id"),
     )
 )
 
 
-def read_call(
-    session: Session, call_id: str
-) -> tuple[SubagentCall, CallerTurn, CallerConversation] | None:
-    """The call, its turn (with its job's stop mark) and its conversation."""
+def read_call(session: Session, call_id: str) -> Caller | None:
+    """The call, its turn, its conversation and its job's turn."""
     row = run(session, _READ, {"call_id": call_id}).first()
     if row is None:
         return None
-    first, second = _SPLIT
-    return (
-        SubagentCall(*row[:first]),
-        CallerTurn(*row[first:second]),
-        CallerConversation(*row[second:]),
-    )
+    call, at = take(CallRow, row)
+    turn, at = take(TurnRow, row, at)
+    conv, at = take(ConversationRow, row, at)
+    job, _ = take(TurnRow, row, at)
+    return call, turn, conv, job
 
 
 #: The claim, the job's root row locked first (Postgres: a CTE the claim's
@@ -195,9 +130,7 @@ def read_call(
 _CLAIM_LOCKED = _CLAIM.where(exists(select(LOCK_JOB.cte("locked").c.id)))
 
 
-def claim_call(
-    session: Session, call_id: str, task_id: str | None, job_id: str
-) -> ClaimedCall | None:
+def claim_call(session: Session, call_id: str, task_id: str | None, job_id: str) -> CallRow | None:
     """Lock the root row of the job ``job_id``
     (:func:`~orchestrator.store.job_totals.lock_job`), then mark the call
     running, in the session's transaction: one statement on Postgres. None
@@ -213,7 +146,7 @@ def claim_call(
     else:
         lock_job(session, job_id)
         row = run(session, _CLAIM, params).first()
-    return None if row is None else ClaimedCall._make(row)
+    return None if row is None else take(CallRow, row)[0]
 
 
 def answer_call(
@@ -232,15 +165,57 @@ def answer_call(
         row = run(session, _ANSWER, params).first()
         if row is None:
             return None
-        values: tuple[Any, ...] = tuple(row)
+        call, end = take(CallRow, row)
     else:
         called = run(session, _ANSWER_CALL, params).first()
         if called is None:
             return None
-        conversation_id, turn_id, *rest = tuple(called)
-        ids = {"conversation_id": conversation_id, "turn_id": turn_id}
-        parent: tuple[Any, ...] = tuple(run(session, _PARENT, ids).one())
-        root_id, correlation_id, priority = parent
-        values = (conversation_id, root_id, turn_id, correlation_id, priority, *rest)
-    conversation, turn = ConversationRef(*values[0:2]), TurnEventRef(*values[2:4])
-    return Answered._make((conversation, turn, *values[4:]))
+        call, end = take(CallRow, called)
+        ids = {"turn_id": called[end], "conversation_id": called[end + 1]}
+        row, end = run(session, _PARENT, ids).one(), 0
+    turn, end = take(TurnRow, row, end)
+    conv, _ = take(ConversationRow, row, end)
+    return Answered(call, turn, conv)
+
+
+_CHILDREN = _TURNS.alias("child")
+
+#: The child of a subagent call, if it was started already.
+_CHILD_OF = select(_CHILDREN.c.id).where(_CHILDREN.c.parent_call_id == bindparam("call_id"))
+
+#: One more child for the job, within the fan-out limit, unless it is being
+#: stopped (a stop marked since the call was read: no new child, as the
+#: stop could otherwise end the job's turn before this child) or the call
+#: has its child already.
+_TAKE_SLOT = (
+    update(_TURNS)
+    .where(
+        _TURNS.c.id == bindparam("where_id"),
+        _TURNS.c.tree_children < bindparam("max_children"),
+        _TURNS.c.stop_status.is_(None),
+        ~exists().where(_CHILDREN.c.parent_call_id == bindparam("call_id")),
+    )
+    .values(tree_children=_TURNS.c.tree_children + 1)
+)
+
+_STOP_STATUS = select(_TURNS.c.stop_status).where(_TURNS.c.id == bindparam("job_id"))
+
+
+def child_slot(job_id: str, max_children: int, call_id: str) -> Guard:
+    """The guard of a child's start
+    (:func:`~orchestrator.store.conversation_sql.start_conversation`): one
+    more child of the job ``job_id`` within ``max_children`` (counted on the
+    job's turn), unless the job is being stopped or the call ``call_id`` has
+    its child already."""
+    return _TAKE_SLOT, {"where_id": job_id, "max_children": max_children, "call_id": call_id}
+
+
+def has_child(session: Session, call_id: str) -> bool:
+    """Was the child of call ``call_id`` started already?"""
+    return run(session, _CHILD_OF, {"call_id": call_id}).first() is not None
+
+
+def stop_status(session: Session, job_id: str) -> str | None:
+    """The stop mark of the job ``job_id`` (None: not being stopped)."""
+    found = run(session, _STOP_STATUS, {"job_id": job_id}).first()
+    return None if found is None else found[0]

@@ -1,111 +1,47 @@
 """The tool task's two writes to its call, as statements built once.
 
-``chorus.tool`` claims its call (one conditional UPDATE) and stores its
-result (another, on Postgres with the call's events in the same
-statement, :meth:`orchestrator.events.Outbox.flush_if`). Built per call
+``chorus.tool`` claims its call (one conditional UPDATE, :func:`claim`)
+and stores its result (another, on Postgres with the call's events in the
+same statement: :func:`record_result`). Built per call
 through the ORM, these cost more worker CPU than anything else the task
 does: constructing the statement, generating its cache key, and loading the
 call, its turn and its conversation as ORM entities with all their JSON
 columns. Built once here against the tables, with ``bindparam``s, a call
-runs them with a dict of parameters, and the claim returns only the
-columns the task reads, as plain tuples.
+runs them with a dict of parameters, and the claim returns the store's
+row types (:mod:`orchestrator.store.rows`), plain tuples.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from sqlalchemy import bindparam, func, select, true, update
 
+from orchestrator.events import Outbox
 from orchestrator.store.db import Db, connection_of
-from orchestrator.store.dialect import returns_joined_rows
+from orchestrator.store.dialect import returns_joined_rows, writes_in_ctes
 from orchestrator.store.fast_executor import execute
-from orchestrator.store.statements import unfinished
+from orchestrator.store.rows import CallRow, ConversationRow, TurnRow, columns, take
+from orchestrator.store.statements import run, unfinished
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
 from schemas import TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
 
-
-class CallFields(Protocol):
-    """What the tool task reads of its call: a claimed call's columns, or
-    the row (a subagent call)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def tool(self) -> str: ...
-    @property
-    def tool_request_id(self) -> str: ...
-    @property
-    def params(self) -> dict[str, Any]: ...
-    @property
-    def attempts(self) -> int: ...
-    @property
-    def step(self) -> int: ...
-
-
-class TurnFields(Protocol):
-    """What the tool task reads of the call's turn (its events' ids, too:
-    :class:`orchestrator.events.TurnIds`)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def correlation_id(self) -> str: ...
-
-    @property
-    def context_data(self) -> dict[str, Any]: ...
-
-
-class ConversationFields(Protocol):
-    """What the tool task reads of the call's conversation (its events'
-    ids, too: :class:`orchestrator.events.ConversationIds`)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def root_id(self) -> str: ...
-
-    @property
-    def agent_spec(self) -> dict[str, Any]: ...
-
-
-class ClaimedCall(NamedTuple):
-    id: str
-    tool: str
-    tool_request_id: str
-    params: dict[str, Any]
-    attempts: int
-    step: int
-
-
-class ClaimedTurn(NamedTuple):
-    id: str
-    correlation_id: str
-    context_data: dict[str, Any]
-
-
-class ClaimedConversation(NamedTuple):
-    id: str
-    root_id: str
-    agent_spec: dict[str, Any]
-
-
-Claimed = tuple[ClaimedCall, ClaimedTurn, ClaimedConversation]
+#: What a tool task reads as it claims its call: the call, its turn and its
+#: conversation.
+Claimed = tuple[CallRow, TurnRow, ConversationRow]
 
 _CALL = table(ToolCallRow)
 _TURN = table(Turn)
 _CONVERSATION = table(Conversation)
 _JOB = _TURN.alias("job")
 
-_CALL_COLUMNS = [_CALL.c[name] for name in ClaimedCall._fields]
-_TURN_COLUMNS = [_TURN.c[name] for name in ClaimedTurn._fields]
-_CONVERSATION_COLUMNS = [_CONVERSATION.c[name] for name in ClaimedConversation._fields]
-_CALL_END = len(_CALL_COLUMNS)
+_CALL_COLUMNS = columns(CallRow, _CALL)
+_TURN_COLUMNS = columns(TurnRow, _TURN)
+_CONVERSATION_COLUMNS = columns(ConversationRow, _CONVERSATION)
 #: The call has no result yet. The statuses are plain parameters, not an
 #: expanding one (``not_in`` of a tuple): no rewriting of the SQL per run.
 _UNFINISHED = unfinished(_CALL.c.status)
-_TURN_END = _CALL_END + len(_TURN_COLUMNS)
 
 #: Mark the call running unless it has its result, its turn has ended, its
 #: job is being stopped, or it is a subagent call: one conditional update,
@@ -177,24 +113,17 @@ def claim(db: Db, call_id: str, task_id: str | None) -> Claimed | None:
         row = execute(connection, _CLAIM_JOINED, params).first()
         if row is None:
             return None
-        return (
-            ClaimedCall(*row[:_CALL_END]),
-            ClaimedTurn(*row[_CALL_END:_TURN_END]),
-            ClaimedConversation(*row[_TURN_END:]),
-        )
-    called = connection.execute(_CLAIM_CALL, params).first()
-    if called is None:
-        return None
-    found = connection.execute(
-        _TURN_AND_CONVERSATION,
-        {"turn_id": called.turn_id, "conversation_id": called.conversation_id},
-    ).one()
-    split = len(_TURN_COLUMNS)
-    return (
-        ClaimedCall(*called[:_CALL_END]),
-        ClaimedTurn(*found[:split]),
-        ClaimedConversation(*found[split:]),
-    )
+        call, at = take(CallRow, row)
+    else:
+        called = connection.execute(_CLAIM_CALL, params).first()
+        if called is None:
+            return None
+        call, at = take(CallRow, called)
+        ids = {"turn_id": called[at], "conversation_id": called[at + 1]}
+        row, at = connection.execute(_TURN_AND_CONVERSATION, ids).one(), 0
+    turn, at = take(TurnRow, row, at)
+    conv, _ = take(ConversationRow, row, at)
+    return call, turn, conv
 
 
 def result_params(
@@ -210,3 +139,34 @@ def result_params(
         "result_is_error": is_error,
         "result_at": utcnow(),
     }
+
+
+def record_result(
+    db: Db,
+    call_id: str,
+    answer: tuple[Any, bool, int | None],
+    events: Outbox | None = None,
+) -> bool:
+    """Write the call's one result (:data:`RESULT`): ``answer`` is the
+    result, whether it is an error, and the characters of its view when
+    it is archived (the model sees a view). ``events``' pending events
+    (the result's own, a ``tool.started``) are stored only if the result
+    took, and dropped if not. False: the call has a result already, or
+    its job is being stopped.
+
+    Where one statement can write several tables (Postgres:
+    :meth:`~orchestrator.events.Outbox.flush_if`), the result and its
+    events are one statement: in an autocommit connection, one round trip.
+    Elsewhere they are two statements, so ``db`` must then be a
+    transaction (:func:`~orchestrator.store.dialect.write_scope` gives either)."""
+    result, is_error, view_chars = answer
+    params = result_params(call_id, result, is_error, view_chars)
+    if events is not None and writes_in_ctes(db):
+        return events.flush_if(db, RESULT, params)
+    written = run(db, RESULT, params).rowcount == 1
+    if events is not None:
+        if written:
+            events.flush(db)
+        else:
+            events.discard()
+    return written
