@@ -10,9 +10,8 @@ from typing import Any
 from sqlmodel import Session
 
 from orchestrator import registry
-from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
-from orchestrator.engine.callpolicies import tool_call, tool_refusal
+from orchestrator.engine.callpolicies import tool_call, tool_policies, tool_refusal
 from orchestrator.engine.cancel import cancel_watch
 from orchestrator.engine.subagents import is_subagent_call, start_child
 from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, archives, read_output
@@ -20,7 +19,7 @@ from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.logs import bind, redact
 from orchestrator.policies import Policy, Stop, ToolCall
-from orchestrator.policies.chain import after_tool, before_tool, policies_of
+from orchestrator.policies.chain import after_tool, before_tool
 from orchestrator.runtime import Runtime
 from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.subagent_sql import (
@@ -114,7 +113,7 @@ def run_tool(
     call, turn, conv = claimed
     _bind(call, turn, conv)
     spec = AgentSpec.model_validate(conv.agent_spec)
-    policies = policies_of(spec)
+    policies = tool_policies(spec)
     refused, run = _admitted(rt, spec, policies, claimed)
     if refused is not None:  # never run a tool the agent was not given, nor one past its runs
         with rt.transaction() as (session, outbox):
@@ -173,13 +172,14 @@ def run_tool(
 def _admitted(
     rt: Runtime, spec: AgentSpec, policies: Sequence[Policy], claimed: Claimed
 ) -> tuple[str | None, ToolCall]:
-    """The call as it runs (its params as the agent's policies rewrote
-    them), and the error result instead of a run: a tool the agent was not
-    given, a call past its runs, or one a policy refused (else None)."""
+    """The call as it runs (its params as the policies rewrote them), and
+    the error result instead of a run: a call past its runs, a tool the
+    agent was not given (the built-in tool-access policy) or one another
+    policy refused (else None)."""
     call, turn, conv = claimed
     run = tool_call(spec, call, (turn.id, turn.context_data), conv.id)
-    refused = refusal(spec, call.tool) or _exhausted(rt, call)
-    if refused is not None or not policies:
+    refused = _exhausted(rt, call)
+    if refused is not None:
         return refused, run
     policy, decided = before_tool(policies, run)
     if isinstance(decided, Stop):
@@ -243,10 +243,6 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         if turn.job_stop_status is not None:
             return []  # the job is being stopped: the stop records this call cancelled
         spec = AgentSpec.model_validate(conv.agent_spec)
-        refused = refusal(spec, call.tool)
-        if refused is not None:  # never start a subagent the agent was not given
-            _store_result(session, outbox, call, turn, conv, refused, True)
-            return []
         # The job's root row before the call's: the one lock order (a stop
         # ending the caller's turn locks its conversation, then its calls);
         # the child's start takes a slot on the job's turn under this lock.
@@ -254,6 +250,14 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         if claimed is None:
             return []  # another copy finished it since the read above
         _bind(claimed, turn, conv)
+        # the policies' before_tool (tool access first: never start a
+        # subagent the agent was not given), in the claim's transaction
+        run = tool_call(spec, claimed, (turn.id, turn.context_data), conv.id)
+        policy, decided = before_tool(tool_policies(spec), run)
+        if isinstance(decided, Stop):
+            _store_result(session, outbox, claimed, turn, conv, tool_refusal(policy, decided), True)
+            return []
+        claimed = claimed._replace(params=decided.params)
         return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
 
 
