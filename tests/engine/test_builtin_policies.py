@@ -1,0 +1,158 @@
+"""The built-in policies every agent's calls go through (max steps, budget,
+tool access, context fitting, rate limits, retry), the agents' own policies
+around subagent calls, and the bounds on an agent's policy list."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from orchestrator import Agent, ChorusError, ConfigurationError, JobFailedError, tool
+from orchestrator.policies import ModelCall, Policy, Stop, ToolCall, register_policy
+from orchestrator.store.tables import Turn
+from orchestrator.testing import FunctionModel, Harness, ModelRequest, Reply, call
+from schemas import AgentSpec, Budget, EventName
+from schemas.specs import MAX_POLICIES
+
+
+class Seen(Policy):
+    """Records the steps whose model calls it saw; guards subagent calls:
+    refuses a task that says "forbidden", shouts any other."""
+
+    steps: list[int] = []
+
+    def before_model(self, call: ModelCall) -> ModelCall:
+        type(self).steps.append(call.step)
+        return call
+
+    def before_tool(self, call: ToolCall) -> ToolCall | Stop:
+        if not call.tool.startswith("subagent__"):
+            return call
+        task = str(call.params.get("task", ""))
+        if "forbidden" in task:
+            return Stop("no forbidden tasks")
+        return call.rewrite(params={**call.params, "task": task.upper()})
+
+
+register_policy("bp-seen", Seen())
+
+
+@tool
+def bp_noop() -> str:
+    """Does nothing."""
+    return "ok"
+
+
+Agent("bp-looping", "test/looping", tools=[bp_noop], max_steps=2, policies=["bp-seen"])
+Agent("bp-child", "test/child")
+Agent("bp-parent", "test/parent", subagents=["bp-child"], policies=["bp-seen"])
+
+
+def _model(request: ModelRequest) -> Reply | str:
+    if request.model == "test/looping":
+        return Reply.call(call("bp_noop"))
+    if request.model == "test/child":
+        return f"child got: {request.user_text}"
+    if not request.tool_results:  # the parent delegates what it was asked
+        return Reply.call(call("subagent__bp-child", task=request.user_text))
+    return f"parent heard: {request.tool_results[0]}"
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[Harness]:
+    with Harness(model=FunctionModel(_model)) as h:
+        yield h
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    Seen.steps = []
+
+
+def test_max_steps_stops_the_turn_before_the_agents_policies_see_the_call(
+    harness: Harness,
+) -> None:
+    job = harness.client.submit("bp-looping", "loop")
+    # the built-in's stop is the turn's error as it says it, not "policy ... stopped"
+    with pytest.raises(JobFailedError, match=r"no final answer within max_steps=2$"):
+        job.result(timeout=30)
+    assert Seen.steps == [0, 1]  # the third call never reached the agent's policy
+
+
+def test_a_spent_budget_stops_the_tree_before_the_agents_policies_see_the_call(
+    harness: Harness,
+) -> None:
+    job = harness.client.submit("bp-looping", "loop", budget=Budget(steps=1))
+    with pytest.raises(JobFailedError, match="steps budget exceeded: 1 model calls used of 1"):
+        job.result(timeout=30)
+    assert Seen.steps == [0]
+    names = [e.name for e in harness.events(job)]
+    assert names.count(EventName.BUDGET_EXCEEDED) == 1
+    assert names[-1] is EventName.TURN_FAILED
+
+
+def test_a_subagent_call_goes_through_the_agents_tool_hooks(harness: Harness) -> None:
+    # Given a policy whose before_tool shouts a subagent's task
+    answer = harness.client.submit("bp-parent", "find the keys").result(timeout=30)
+    # Then the child got the rewritten task
+    assert answer == "parent heard: child got: FIND THE KEYS"
+
+
+def test_a_policy_can_refuse_a_subagent_call(harness: Harness) -> None:
+    job = harness.client.submit("bp-parent", "a forbidden errand")
+    answer = job.result(timeout=30)
+    assert answer == (
+        "parent heard: Error: tool call refused by policy 'bp-seen': no forbidden tasks"
+    )
+    names = [e.name for e in harness.events(job)]
+    assert EventName.SUBAGENT_STARTED not in names  # no child was started
+
+
+@pytest.mark.parametrize(
+    "name", ["retry", "rate-limits", "max-steps", "budget", "tool-access", "context-fit"]
+)
+def test_a_built_in_policys_name_cannot_be_registered(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="built-in"):
+        register_policy(name, Policy())
+
+
+@pytest.mark.parametrize(
+    ("policies", "says"),
+    [
+        (["bp-seen"] * 5_000, "at most 32"),  # the attack: one hook run 5,000 times a call
+        (["bp-seen", "bp-seen"], "more than once"),
+        ([f"p{i}" for i in range(MAX_POLICIES + 1)], "at most 32"),
+        (["bad name!"], "pattern"),
+    ],
+)
+def test_an_agents_policy_list_is_bounded_and_names_each_once(
+    policies: list[str], says: str
+) -> None:
+    with pytest.raises(ChorusError, match=says):
+        Agent("bp-many", "test/looping", policies=policies)
+    # and a spec off the wire (an inline job's) is refused the same way
+    wire: dict[str, Any] = {"name": "bp-many", "model": "test/looping", "policies": policies}
+    with pytest.raises(ValidationError, match=says):
+        AgentSpec.model_validate(wire)
+
+
+def test_structured_output_attempts_are_counted_in_the_turns_row() -> None:
+    class Trip(BaseModel):
+        city: str
+        nights: int
+
+    Agent("bp-stubborn", "test/stubborn", output=Trip, output_retries=1)
+
+    def stubborn(request: ModelRequest) -> Reply | str:
+        return Reply.call(call("final_answer", city="Lisbon", nights="three"))
+
+    with Harness(model=FunctionModel(stubborn)) as h:
+        job = h.client.submit("bp-stubborn", "plan")
+        with pytest.raises(JobFailedError, match="no valid structured output after 2 attempts"):
+            job.result(timeout=30)
+        with h.runtime.session() as session:
+            turn = session.get(Turn, job.id)
+            assert turn is not None and turn.output_attempts == 2
