@@ -10,7 +10,7 @@ from typing import Any
 from sqlmodel import Session
 
 from orchestrator import registry
-from orchestrator.engine.actions import Action
+from orchestrator.engine.actions import Action, RunSegment, ToolTask
 from orchestrator.engine.callpolicies import tool_call, tool_policies, tool_refusal
 from orchestrator.engine.cancel import cancel_watch
 from orchestrator.engine.subagents import is_subagent_call, start_child
@@ -18,9 +18,10 @@ from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, archives, read_ou
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.logs import bind, redact
-from orchestrator.policies import Policy, Stop, ToolCall
+from orchestrator.policies import Defer, Policy, Stop, ToolCall
 from orchestrator.policies.chain import after_tool, before_tool
 from orchestrator.runtime import Runtime
+from orchestrator.store.db import Db
 from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.subagent_sql import (
     CallerConversation,
@@ -38,6 +39,7 @@ from orchestrator.store.tool_call_sql import (
     TurnFields,
     claim,
     result_params,
+    unclaim,
 )
 from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools.calls import STOP_POLL, ToolContext, ToolStopped
@@ -115,6 +117,8 @@ def run_tool(
     spec = AgentSpec.model_validate(conv.agent_spec)
     policies = tool_policies(spec)
     refused, run = _admitted(rt, spec, policies, claimed)
+    if isinstance(run, Defer):
+        return _deferred(rt, claimed, run.seconds)
     if refused is not None:  # never run a tool the agent was not given, nor one past its runs
         with rt.transaction() as (session, outbox):
             _store_result(session, outbox, call, turn, conv, refused, True)
@@ -171,7 +175,7 @@ def run_tool(
 
 def _admitted(
     rt: Runtime, spec: AgentSpec, policies: Sequence[Policy], claimed: Claimed
-) -> tuple[str | None, ToolCall]:
+) -> tuple[str | None, ToolCall | Defer]:
     """The call as it runs (its params as the policies rewrote them), and
     the error result instead of a run: a call past its runs, a tool the
     agent was not given (the built-in tool-access policy) or one another
@@ -184,7 +188,33 @@ def _admitted(
     policy, decided = before_tool(policies, run)
     if isinstance(decided, Stop):
         return tool_refusal(policy, decided), run
+    if isinstance(decided, Defer):
+        log.info("tool %s: policy %r defers it %.3f s", call.tool, policy, decided.seconds)
     return None, decided
+
+
+def _deferred(rt: Runtime, claimed: Claimed, seconds: float) -> list[Action]:
+    """A policy deferred the call: give the claim back (its run not
+    counted) and send it again alone, with its segment's advance, in
+    ``seconds``. This task ends now: no worker slot waits, and its chord
+    part counts as returned (the advance it joins finds the call
+    unfinished and leaves; the deferred call's own advance moves on)."""
+    call, turn, conv = claimed
+    with rt.autocommit() as connection:
+        return _send_again(connection, call, (conv.id, turn.id), seconds)
+
+
+def _send_again(db: Db, call: CallFields, where: tuple[str, str], seconds: float) -> list[Action]:
+    """Give the call's claim back (:func:`unclaim`) and send it again, alone
+    with its segment's advance, in ``seconds``. ``where``: its conversation
+    and turn."""
+    found = unclaim(db, call.id)
+    if found is None:  # finished meanwhile (a stop)
+        return []
+    segment, queue, priority = found
+    conversation_id, turn_id = where
+    task = ToolTask(call.id, call.tool, queue)
+    return [RunSegment(conversation_id, turn_id, call.step, segment, (task,), priority, seconds)]
 
 
 def _exhausted(rt: Runtime, call: CallFields) -> str | None:
@@ -257,6 +287,8 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         if isinstance(decided, Stop):
             _store_result(session, outbox, claimed, turn, conv, tool_refusal(policy, decided), True)
             return []
+        if isinstance(decided, Defer):  # given back in the claim's transaction
+            return _send_again(session, claimed, (conv.id, turn.id), decided.seconds)
         claimed = claimed._replace(params=decided.params)
         return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
 

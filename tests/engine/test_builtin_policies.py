@@ -4,6 +4,7 @@ around subagent calls, and the bounds on an agent's policy list."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,11 +12,12 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import Agent, ChorusError, ConfigurationError, JobFailedError, tool
-from orchestrator.policies import ModelCall, Policy, Stop, ToolCall, register_policy
+from orchestrator.policies import Defer, ModelCall, Policy, Stop, ToolCall, register_policy
 from orchestrator.store.tables import Turn
 from orchestrator.testing import FunctionModel, Harness, ModelRequest, Reply, call
 from schemas import AgentSpec, Budget, EventName
 from schemas.specs import MAX_POLICIES
+from tests.services import Services
 
 
 class Seen(Policy):
@@ -40,6 +42,26 @@ class Seen(Policy):
 register_policy("bp-seen", Seen())
 
 
+class Later(Policy):
+    """Defers the first run of the first ``bp_echo`` call it sees by 0.3 s
+    (state in process memory: a test's shortcut; the harness is one process)."""
+
+    deferred: list[str] = []
+    runs: list[str] = []
+
+    def before_tool(self, call: ToolCall) -> ToolCall | Defer:
+        if not type(self).deferred:
+            type(self).deferred.append(call.call_id)
+            return Defer(0.3, "later")
+        return call
+
+    def after_tool(self, call: ToolCall, result: Any, is_error: bool) -> None:
+        type(self).runs.append(call.call_id)
+
+
+register_policy("bp-later", Later())
+
+
 @tool
 def bp_noop() -> str:
     """Does nothing."""
@@ -47,13 +69,26 @@ def bp_noop() -> str:
 
 
 Agent("bp-looping", "test/looping", tools=[bp_noop], max_steps=2, policies=["bp-seen"])
+
+
+@tool
+def bp_echo(word: str) -> str:
+    """Says the word back."""
+    return word
+
+
 Agent("bp-child", "test/child")
+Agent("bp-deferring", "test/deferring", tools=[bp_echo], policies=["bp-later"])
 Agent("bp-parent", "test/parent", subagents=["bp-child"], policies=["bp-seen"])
 
 
 def _model(request: ModelRequest) -> Reply | str:
     if request.model == "test/looping":
         return Reply.call(call("bp_noop"))
+    if request.model == "test/deferring":
+        if not request.tool_results:  # two calls of one parallel segment
+            return Reply.call(call("bp_echo", word="one"), call("bp_echo", word="two"))
+        return " ".join(request.tool_results)
     if request.model == "test/child":
         return f"child got: {request.user_text}"
     if not request.tool_results:  # the parent delegates what it was asked
@@ -62,8 +97,13 @@ def _model(request: ModelRequest) -> Reply | str:
 
 
 @pytest.fixture(scope="module")
-def harness() -> Iterator[Harness]:
-    with Harness(model=FunctionModel(_model)) as h:
+def harness(services: Services) -> Iterator[Harness]:
+    """On the test services' Postgres and Redis: the store statements the fleet runs."""
+    with Harness(
+        model=FunctionModel(_model),
+        redis_url=services.redis_url,
+        database_url=services.database_url,
+    ) as h:
         yield h
 
 
@@ -109,6 +149,21 @@ def test_a_policy_can_refuse_a_subagent_call(harness: Harness) -> None:
     )
     names = [e.name for e in harness.events(job)]
     assert EventName.SUBAGENT_STARTED not in names  # no child was started
+
+
+def test_a_policy_can_defer_a_tool_call(harness: Harness) -> None:
+    # Given a policy that defers the first of two parallel calls by 0.3 s
+    Later.deferred, Later.runs = [], []
+    began = time.monotonic()
+    job = harness.client.submit("bp-deferring", "say")
+
+    # Then the step waits for it: both results reach the model, in order
+    assert job.result(timeout=30) == "one two"
+    assert time.monotonic() - began >= 0.3
+    # and each call ran once, the deferred one after the other
+    assert len(Later.runs) == 2 and Later.runs[-1] == Later.deferred[0]
+    calls = [e for e in harness.events(job) if e.name is EventName.TOOL_STARTED]
+    assert [e.data["attempt"] for e in calls] == [1, 1]  # a deferral is not a run
 
 
 @pytest.mark.parametrize(
