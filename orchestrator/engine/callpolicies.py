@@ -18,6 +18,7 @@ turn's error (or a refused tool's result) as it says it, without the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from orchestrator.engine.access import ToolAccess
@@ -56,12 +57,15 @@ _MAX_STEPS = MaxSteps()
 _TOOL_ACCESS = ToolAccess()
 
 
-def step_policies(spec: AgentSpec, budgets: Budgets, fit: ContextFit) -> tuple[Policy, ...]:
+def step_policies(
+    policies: Sequence[Policy], budgets: Budgets, fit: ContextFit
+) -> tuple[Policy, ...]:
     """The ``before_model`` chain of a step's call: the turn's ``max_steps``,
-    the job's budget (``budgets``: one a step), the agent's own policies in
-    its order, then context fitting (``fit``: one a request). The rate limits
-    admit the call they produce, last (:func:`rate_limits`)."""
-    return (_MAX_STEPS, budgets, *policies_of(spec), fit)
+    the job's budget (``budgets``: one a step), the agent's own
+    ``policies`` (:func:`~orchestrator.policies.chain.policies_of`), then
+    context fitting (``fit``: one a request). The rate limits admit the
+    call they produce, last (:func:`rate_limits`)."""
+    return (_MAX_STEPS, budgets, *policies, fit)
 
 
 def tool_policies(spec: AgentSpec) -> tuple[Policy, ...]:

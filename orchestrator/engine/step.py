@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from orchestrator import registry
@@ -29,7 +29,7 @@ from orchestrator.engine.checkpoint import take_checkpoint
 from orchestrator.engine.context_fit import ContextFit
 from orchestrator.engine.cursor import finish_turn
 from orchestrator.engine.handoffs import handoff_tool
-from orchestrator.engine.history import model_prompt
+from orchestrator.engine.history import Prompt, model_prompt
 from orchestrator.engine.lease import heartbeat
 from orchestrator.engine.persist import (
     load_owned,
@@ -227,6 +227,9 @@ def _run_step(
     owner: str,
     answered: list[ModelReply],
 ) -> list[Action]:
+    """Take the lease, build the request, put it through its policies, call
+    the model and store the reply: each part returns the actions that end
+    this execution early (a deferral, a stop, a lost lease) instead."""
     began = time.monotonic()
     rt.model.warm()  # before admission: an admitted call is sent at once, not after imports
     ids = (conversation_id, turn_id, step)
@@ -238,25 +241,86 @@ def _run_step(
     bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
     spec = AgentSpec.model_validate(conv.agent_spec)
     budgets = Budgets(job)
-    tools_allowed = budgets.tools_allowed
-    system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
-    offered = _offered_under_lease(rt, spec, conversation_id, owner) if tools_allowed else None
-    if tools_allowed and offered is None:
+    request = _request(rt, (ids, owner), spec, budgets.tools_allowed)
+    if request is None:
         log.info("step %s of %s: lease lost while listing tools; leaving", step, turn_id)
         return []
-    tools, names = offered or ([], {})
-    with rt.autocommit() as connection:
-        prompt = model_prompt(connection, conv.id, spec, system, names)
-    tools, names = _with_reader(spec, (tools, names), tools_allowed and prompt.cut)
-    policies = policies_of(spec)
-    base = model_call(spec, conv, (turn.id, turn.context_data), step, (prompt.messages, tools))
-    fit = ContextFit(tools, prompt)
+    base = model_call(spec, conv, (turn.id, turn.context_data), step, request.sent)
+    fit = ContextFit(request.tools, request.prompt)
     admitted = Outbox()
-    chain = (step_policies(spec, budgets, fit), fit, base)
+    policies = policies_of(spec)
+    chain = (step_policies(policies, budgets, fit), fit, base)
     ready = _policed(rt, admitted, (ids, owner), (conv, turn, job), chain)
     if isinstance(ready, list):  # deferred or stopped by a policy or a rate limit
         return ready
-    call = ready
+    where = ((ids, owner), (conv, turn))
+    called = _call_model(rt, where, request, (policies, ready, fit, base), (admitted, answered))
+    if isinstance(called, list):
+        return called
+    call, reply, lost, started = called
+    reply = _qualified(reply, request.names)
+    after_model(policies, call, reply)  # the calls under their registered names
+    if lost or reply.stopped:
+        return _left(rt, ids, reply, lost=lost)
+    leased = (conv, turn, job, spec)
+    offered = request.names.keys()
+    return persist(rt, ids, owner, reply, (started, began), request.tools_allowed, leased, offered)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What a step sends, before its policies: the system prompt (told when
+    the tool-call budget is spent), the tools offered (OpenAI format) and
+    each one's qualified name → alias, and the prompt."""
+
+    tools_allowed: bool
+    system: str
+    tools: list[dict[str, Any]]
+    names: dict[str, str]
+    prompt: Prompt
+
+    @property
+    def sent(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The messages and tools, as a :class:`ModelCall` carries them."""
+        return self.prompt.messages, self.tools
+
+
+def _request(
+    rt: Runtime, where: tuple[tuple[str, str, int], str], spec: AgentSpec, tools_allowed: bool
+) -> _Request | None:
+    """The step's request: its tools (none once the tool-call budget is
+    spent) and its prompt. None: the lease was lost while MCP servers were
+    listed. ``where``: the step and the lease owner."""
+    (conversation_id, _, _), owner = where
+    system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
+    offered = _offered_under_lease(rt, spec, conversation_id, owner) if tools_allowed else None
+    if tools_allowed and offered is None:
+        return None
+    tools, names = offered or ([], {})
+    with rt.autocommit() as connection:
+        prompt = model_prompt(connection, conversation_id, spec, system, names)
+    tools, names = _with_reader(spec, (tools, names), tools_allowed and prompt.cut)
+    return _Request(tools_allowed, system, tools, names, prompt)
+
+
+def _call_model(
+    rt: Runtime,
+    where: tuple[tuple[tuple[str, str, int], str], tuple[LeasedConversation, LeasedTurn]],
+    request: _Request,
+    policed: tuple[Sequence[Policy], ModelCall, ContextFit, ModelCall],
+    recorded: tuple[Outbox, list[ModelReply]],
+) -> tuple[ModelCall, ModelReply, bool, float] | list[Action]:
+    """Make the admitted call (``policed``: the agent's policies, the call,
+    its context fit and the call before the policies) under the lease's
+    heartbeat, streaming its text live, after a checkpoint if it does not
+    fit; record ``llm.requested`` (``recorded``: its outbox) beside it,
+    and the reply in ``answered`` once the provider answered. Returns the
+    call made, the reply, whether the lease was lost meanwhile and when
+    the call began; or the actions of a failed call or of a checkpoint
+    that ended this execution."""
+    ((conversation_id, turn_id, step), owner), (conv, turn) = where
+    policies, call, fit, base = policed
+    admitted, answered = recorded
     announcement = _Announcement(rt, admitted)
     correlation_id = turn.correlation_id
     root_id = conv.root_id
@@ -284,8 +348,9 @@ def _run_step(
         # lets the call finish: its usage counts.
         with heartbeat(rt).hold(conversation_id, owner) as lease:
             if not fit.fits:
+                offered = (request.tools, request.names)
                 fitted, ended = _fit_context(
-                    rt, (conversation_id, turn_id, step, owner), system, (tools, names), base
+                    rt, (conversation_id, turn_id, step, owner), request.system, offered, base
                 )
                 if fitted is None:
                     return ended or []
@@ -293,7 +358,7 @@ def _run_step(
             reply = rt.model.complete(
                 call.model,
                 call.messages,
-                tools or None,
+                request.tools or None,
                 call.settings,
                 on_delta=deltas.add,
                 should_stop=cancel_watch(rt, correlation_id),
@@ -305,12 +370,7 @@ def _run_step(
     announcement.wait()
     deltas.flush()  # the rest of the text, before the reply's own events
     rate_limits(rt).after_model(call, reply)
-    reply = _qualified(reply, names)
-    after_model(policies, call, reply)  # the calls under their registered names
-    if lease.lost.is_set() or reply.stopped:
-        return _left(rt, ids, reply, lost=lease.lost.is_set())
-    leased = (conv, turn, job, spec)
-    return persist(rt, ids, owner, reply, (started, began), tools_allowed, leased, names.keys())
+    return call, reply, lease.lost.is_set(), started
 
 
 def _left(rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, *, lost: bool) -> list[Action]:
