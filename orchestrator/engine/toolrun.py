@@ -23,6 +23,7 @@ from orchestrator.policies.chain import after_tool, before_tool
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db
 from orchestrator.store.dialect import writes_in_ctes
+from orchestrator.store.step_sql import release_lease
 from orchestrator.store.subagent_sql import (
     CallerConversation,
     CallerTurn,
@@ -206,13 +207,16 @@ def _deferred(rt: Runtime, claimed: Claimed, seconds: float) -> list[Action]:
 
 def _send_again(db: Db, call: CallFields, where: tuple[str, str], seconds: float) -> list[Action]:
     """Give the call's claim back (:func:`unclaim`) and send it again, alone
-    with its segment's advance, in ``seconds``. ``where``: its conversation
-    and turn."""
+    with its segment's advance, in ``seconds``; record when it is due, so
+    the sweeper does not take a deferral longer than the stall timeout for
+    a stalled turn (the cursor waits at the call's segment: no step holds a
+    lease to release). ``where``: its conversation and turn."""
     found = unclaim(db, call.id)
     if found is None:  # finished meanwhile (a stop)
         return []
     segment, queue, priority = found
     conversation_id, turn_id = where
+    release_lease(db, conversation_id, due_in=seconds)
     task = ToolTask(call.id, call.tool, queue)
     return [RunSegment(conversation_id, turn_id, call.step, segment, (task,), priority, seconds)]
 

@@ -223,6 +223,7 @@ def test_a_tool_policy_defers_a_call_without_a_worker_slot(
             assert time.monotonic() < deadline, call.status
             time.sleep(0.05)
         assert call.result is None
+        assert _due_at(client, job.conversation_id) is not None  # the sweeper waits for it
         hold.unlink()
 
         # Then the tool runs once and the step goes on
