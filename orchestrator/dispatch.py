@@ -154,7 +154,10 @@ def _send_segment(app: Celery, seg: RunSegment) -> None:
         advance.apply_async()
     elif len(tools) == 1:
         # A chain needs no stored result: the worker sends the next link.
-        chain(tools[0].set(ignore_result=True), advance).apply_async()
+        # (A countdown: a call a policy deferred, sent again alone.)
+        chain(tools[0].set(ignore_result=True), advance).apply_async(
+            countdown=_held(app, seg.countdown)
+        )
     else:
         # The header as a generator: given a list, the Redis backend keeps a
         # result object of every part, subscribed to its result channel, in

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
@@ -19,6 +19,11 @@ TOOL_NAME_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,200}$"
 #: Model calls allowed in one turn unless the agent says otherwise: real
 #: tool-heavy trajectories take dozens (an airline support turn took 27).
 DEFAULT_MAX_STEPS = 100
+
+#: The most policies one agent may list: each runs on every model call, so
+#: the list is bounded, and a name may appear once (listing a policy twice
+#: would run its hooks twice).
+MAX_POLICIES = 32
 
 #: Characters of a tool result the model sees whole unless the agent says
 #: otherwise (about 8K tokens); a longer one is archived and shown as a view.
@@ -146,9 +151,11 @@ class AgentSpec(Frozen):
         "(None: all at once)",
     )
     retry: RetryPolicy = RetryPolicy()
-    policies: tuple[str, ...] = Field(
+    policies: tuple[Annotated[str, Field(pattern=NAME_PATTERN)], ...] = Field(
         default=(),
-        description="Names of registered policies each model call goes through, in order",
+        max_length=MAX_POLICIES,
+        description="Names of registered policies each model call goes through, in order "
+        f"(at most {MAX_POLICIES}, each once)",
     )
     rate_limits: tuple[RateLimit, ...] = ()
     budget: Budget | None = Field(
@@ -188,6 +195,14 @@ class AgentSpec(Frozen):
                 f"{info.field_name} names longer than {room} characters "
                 f"cannot be offered as tools: {long}"
             )
+        return value
+
+    @field_validator("policies")
+    @classmethod
+    def _policies_once(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        twice = sorted({n for n in value if value.count(n) > 1})
+        if twice:
+            raise ValueError(f"policies listed more than once: {twice}")
         return value
 
     @field_validator("output_schema")

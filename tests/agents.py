@@ -1415,6 +1415,19 @@ def hold_while_file(call: ModelCall) -> ModelCall | Defer:
     return Defer(0.5, "held") if held and Path(held).exists() else call
 
 
+@declare_policy("hold-tools-while-file")
+class HoldToolsWhileFile(Policy):
+    """Defers every tool call for 0.3 s while the file named by the job's
+    ``context_data["hold"]`` exists; marks ``<file>.deferred`` when it does."""
+
+    def before_tool(self, call: ToolCall) -> ToolCall | Defer:
+        held = call.context_data.get("hold")
+        if not (held and Path(held).exists()):
+            return call
+        Path(f"{held}.deferred").touch()
+        return Defer(0.3, "held")
+
+
 @declare_policy("guard-add")
 class GuardAdd(Policy):
     """Refuses ``add`` with ``a`` over 100; caps ``b`` at 10 (a rewrite)."""

@@ -10,6 +10,10 @@ when it plans and ``read_tool_output`` when it has tools or servers
 output, or on every step when the agent lists it in ``tools``). A call
 to anything else is answered with an error result and never runs.
 
+The rule runs as the built-in :class:`ToolAccess` policy (``before_tool``,
+before the agent's own tool hooks) when a tool or subagent call is about
+to run, and as :func:`refusal` where a step stores its reply's calls.
+
 A step allows only what it offered (``offered``: the qualified names of
 its tool list): an MCP server's namespace holds just the tools the server
 listed, and had a valid schema for, when the step was built; a tool the
@@ -25,6 +29,7 @@ from orchestrator.engine.planning import PLAN_TOOL
 from orchestrator.engine.structured_output import FINAL_ANSWER
 from orchestrator.engine.subagents import is_subagent_call
 from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, reads_outputs
+from orchestrator.policies import Policy, Stop, ToolCall
 from schemas import AgentSpec
 from schemas.specs import HANDOFF_PREFIX, SUBAGENT_PREFIX
 
@@ -56,3 +61,15 @@ def refusal(spec: AgentSpec, tool: str, offered: Collection[str] | None = None) 
     if may_call(spec, tool) and (offered is None or tool in offered):
         return None
     return f"Error: tool {tool!r} is not available to agent {spec.name!r}"
+
+
+class ToolAccess(Policy):
+    """Only the agent's own tools and subagents run: a built-in policy that
+    every tool and subagent call goes through first. A call the agent may
+    not make gets :func:`refusal` as its error result and never runs."""
+
+    name = "tool-access"
+
+    def before_tool(self, call: ToolCall) -> ToolCall | Stop:
+        refused = refusal(call.agent, call.tool)
+        return call if refused is None else Stop(refused)

@@ -30,7 +30,8 @@ class RunSegment:
     """Run one segment of a tool batch, then ``chorus.advance``.
 
     Several calls run as a chord over a group; a single call (a barrier, or
-    a lone parallelizable call) as a chain.
+    a lone parallelizable call) as a chain. ``countdown``: seconds to wait
+    first (a call a policy deferred, sent again alone with its advance).
     """
 
     conversation_id: str
@@ -39,6 +40,7 @@ class RunSegment:
     segment: int
     calls: tuple[ToolTask, ...]
     priority: int
+    countdown: float = 0.0
 
 
 @dataclass(frozen=True)

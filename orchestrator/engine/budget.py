@@ -1,9 +1,10 @@
 """Budgets per job, rolled up over the whole subagent tree.
 
 Every step adds its tokens, cost and tool calls to the job's turn (the
-top-level turn of the tree). A step checks the job's budget before calling
-the model: a spent tool-call budget takes the tools away for one last
-answer; any other exceeded limit stops the tree with ``budget.exceeded``.
+top-level turn of the tree). The built-in :class:`Budgets` policy checks
+the job's budget before each model call: a spent tool-call budget takes
+the tools away for one last answer; any other exceeded limit stops the
+tree with ``budget.exceeded``.
 A wall-time budget is also enforced while the job waits on tools and
 children: a ``chorus.deadline`` task sent at submit (and the sweeper, as a
 backstop) stops the tree the way a cancel does, when the time is up.
@@ -14,6 +15,7 @@ from __future__ import annotations
 from sqlmodel import Session
 
 from orchestrator.events import ConversationIds, Outbox, TurnIds
+from orchestrator.policies import ModelCall, Policy, Stop
 from orchestrator.store.job_totals import roll_up
 from orchestrator.store.rows import TurnRow
 from orchestrator.store.tables import Conversation, Turn, utcnow
@@ -72,6 +74,35 @@ def tool_calls_left(job: JobTotals) -> int | None:
         return None
     limit = Budget.model_validate(job.budget).tool_calls
     return None if limit is None else max(0, limit - job.tree_tool_calls)
+
+
+class Budgets(Policy):
+    """The job's budget, a built-in policy every step's model call goes
+    through (after :class:`~orchestrator.policies.max_steps.MaxSteps`,
+    before the agent's own policies).
+
+    ``before_model`` stops the call when a limit other than tool calls is
+    spent: the engine then stops the job's whole tree with
+    ``budget.exceeded`` (a stop by this policy is the job's, not just the
+    turn's). :attr:`tools_allowed` is what the step asks before it builds
+    the request: once the tool-call budget is spent, the model answers
+    once more without tools. One instance a step, holding the job's
+    totals the step read with its lease (no query of its own).
+    """
+
+    name = "budget"
+
+    def __init__(self, job: JobTotals) -> None:
+        self.job = job
+
+    @property
+    def tools_allowed(self) -> bool:
+        """Whether the job may still make tool calls."""
+        return tool_calls_left(self.job) != 0
+
+    def before_model(self, call: ModelCall) -> ModelCall | Stop:
+        over = exceeded(self.job)
+        return call if over is None else Stop(over)
 
 
 def record_paid(

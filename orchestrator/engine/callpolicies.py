@@ -9,18 +9,28 @@ every cursor move); each failure is also logged in ``step_failure_log``
 with the position it happened at, so a policy can decide by the step's
 earlier failures (which model, which status) in whatever process runs the
 next attempt. Only entries of the current position are shown.
+
+Every agent's calls go through the built-in policies as well as its own
+(:func:`step_policies`, :func:`tool_policies`); a built-in's stop is the
+turn's error (or a refused tool's result) as it says it, without the
+``policy '<name>' stopped ...`` a listed policy's gets.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
+from orchestrator.engine.access import ToolAccess
+from orchestrator.engine.budget import Budgets
+from orchestrator.engine.context_fit import ContextFit
 from orchestrator.errors import ModelError, PolicyError
 from orchestrator.logs import redact
-from orchestrator.policies import Defer, Failure, ModelCall, Stop, ToolCall
+from orchestrator.policies import Defer, Failure, ModelCall, Policy, Stop, ToolCall
 from orchestrator.policies.chain import before_model, policies_of
+from orchestrator.policies.max_steps import MaxSteps
 from orchestrator.policies.ratelimits import RateLimits
-from orchestrator.policies.retry import Retry
+from orchestrator.policies.registry import BUILTIN_NAMES
 from orchestrator.ratelimit import RateLimited
 from orchestrator.runtime import Runtime
 from orchestrator.store.rows import CallRow
@@ -41,6 +51,27 @@ class _Failures(Protocol):
     def step_failures(self) -> int: ...
     @property
     def step_failure_log(self) -> list[dict[str, Any]] | None: ...
+
+
+_MAX_STEPS = MaxSteps()
+_TOOL_ACCESS = ToolAccess()
+
+
+def step_policies(
+    policies: Sequence[Policy], budgets: Budgets, fit: ContextFit
+) -> tuple[Policy, ...]:
+    """The ``before_model`` chain of a step's call: the turn's ``max_steps``,
+    the job's budget (``budgets``: one a step), the agent's own
+    ``policies`` (:func:`~orchestrator.policies.chain.policies_of`), then
+    context fitting (``fit``: one a request). The rate limits admit the
+    call they produce, last (:func:`rate_limits`)."""
+    return (_MAX_STEPS, budgets, *policies, fit)
+
+
+def tool_policies(spec: AgentSpec) -> tuple[Policy, ...]:
+    """What a tool or subagent call goes through: tool access first, then
+    the agent's own policies."""
+    return (_TOOL_ACCESS, *policies_of(spec))
 
 
 def _at(log: list[dict[str, Any]] | None, turn_id: str, step: int) -> list[dict[str, Any]]:
@@ -84,7 +115,7 @@ def failure_log(conv: _Failures, call: ModelCall, error: ModelError) -> list[dic
 
 def stop_error(policy: str, stop: Stop) -> str:
     """The turn's error when ``policy`` stopped a model call."""
-    if policy == Retry.name:
+    if policy in BUILTIN_NAMES:
         return redact(stop.reason)
     return redact(f"policy {policy!r} stopped the model call: {stop.reason}")
 
@@ -109,6 +140,8 @@ def tool_call(
 
 def tool_refusal(policy: str, stop: Stop) -> str:
     """The error result of a tool call ``policy`` refused."""
+    if policy in BUILTIN_NAMES:
+        return redact(stop.reason)
     return redact(f"Error: tool call refused by policy {policy!r}: {stop.reason}")
 
 

@@ -48,7 +48,6 @@ from orchestrator.store.job_totals import TREE_TOOL_CALLS, lock_job, tree_params
 from orchestrator.store.rows import ConversationRow, TurnRow
 from orchestrator.store.statements import NewRow, new_row_params
 from orchestrator.store.step_sql import (
-    ATTEMPTS,
     OWNED,
     STEP_MOVE,
     STORE_CALLS,
@@ -95,11 +94,6 @@ def load_owned(
     if not is_current(conv, turn_id, step, -1) or conv.lease_owner != owner:
         return None
     return conv, turn, job
-
-
-def _output_attempts(session: Session, turn_id: str) -> int:
-    """Rejected final answers and nudges so far in this turn (one query)."""
-    return int(session.execute(ATTEMPTS, {"b_turn": turn_id}).scalar_one())
 
 
 def persist(
@@ -149,7 +143,7 @@ def _persist_owned(
         spec = AgentSpec.model_validate(conv.agent_spec)
         errors = final_answer_errors(spec, reply)
         spent = spends_output_attempt(spec, reply, errors, tools_allowed)
-        attempts = _output_attempts(session, turn_id) if spent else 0
+        attempts = turn.output_attempts
         left = _tool_calls_left(session, conv, job)
         facts = StepFacts(
             tools_allowed,
@@ -162,6 +156,8 @@ def _persist_owned(
         meaning = reply_meaning(spec, reply, errors, facts)
         runs = meaning.counted if isinstance(meaning, RunCalls) else 0
         totals = _add_usage(session, outbox, conv, (turn, job), step, reply, clocks, runs)
+        if spent:  # the turn's row (locked after the conversation's: the one order)
+            turn.output_attempts = attempts + 1
         actions = _apply(session, outbox, (conv, turn), meaning, step, totals)
         if actions is None:  # another copy moved the cursor first
             outbox.discard()

@@ -10,16 +10,23 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, Revoke, RunStep
 from orchestrator.engine.after_commit import settle
-from orchestrator.engine.budget import NO_MORE_TOOLS, exceeded, tool_calls_left
-from orchestrator.engine.callpolicies import failure_log, model_call, rate_limits, stop_error
+from orchestrator.engine.budget import NO_MORE_TOOLS, Budgets
+from orchestrator.engine.callpolicies import (
+    failure_log,
+    model_call,
+    rate_limits,
+    step_policies,
+    stop_error,
+)
 from orchestrator.engine.cancel import cancel_watch, stop_tree
 from orchestrator.engine.checkpoint import take_checkpoint
+from orchestrator.engine.context_fit import ContextFit
 from orchestrator.engine.cursor import finish_turn
 from orchestrator.engine.handoffs import handoff_tool
 from orchestrator.engine.history import Prompt, model_prompt
@@ -42,7 +49,7 @@ from orchestrator.llm.call import ModelReply, tool_to_openai
 from orchestrator.logs import StreamRedaction, bind, redact
 from orchestrator.policies import Defer, ModelCall, Policy, Stop
 from orchestrator.policies.chain import after_model, before_model, on_model_failure, policies_of
-from orchestrator.ratelimit import RateLimited, request_tokens
+from orchestrator.ratelimit import RateLimited
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db
 from orchestrator.store.rows import ConversationRow, TurnRow
@@ -217,6 +224,9 @@ def _run_step(
     owner: str,
     answered: list[ModelReply],
 ) -> list[Action]:
+    """Take the lease, build the request, put it through its policies, call
+    the model and store the reply: each part returns the actions that end
+    this execution early (a deferral, a stop, a lost lease) instead."""
     began = time.monotonic()
     rt.model.warm()  # before admission: an admitted call is sent at once, not after imports
     ids = (conversation_id, turn_id, step)
@@ -227,38 +237,90 @@ def _run_step(
     conv, turn, job = taken
     bind(root_id=conv.root_id, correlation_id=turn.correlation_id)
     spec = AgentSpec.model_validate(conv.agent_spec)
-    if step >= spec.max_steps:
-        return _fail_owned(rt, ids, owner, f"no final answer within max_steps={spec.max_steps}")
-    over = exceeded(job)
-    if over is not None:
-        with rt.autocommit() as connection:
-            release_lease(connection, conversation_id, owner)
-        job_id = job.id
-    else:
-        tools_allowed = tool_calls_left(job) != 0
-        system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
-        offered = _offered_under_lease(rt, spec, conversation_id, owner) if tools_allowed else None
-        if tools_allowed and offered is None:
-            log.info("step %s of %s: lease lost while listing tools; leaving", step, turn_id)
-            return []
-        tools, names = offered or ([], {})
-        with rt.autocommit() as connection:
-            prompt = model_prompt(connection, conv.id, spec, system, names)
-        tools, names = _with_reader(spec, (tools, names), tools_allowed and prompt.cut)
-        policies = policies_of(spec)
-        base = model_call(spec, conv, (turn.id, turn.context_data), step, (prompt.messages, tools))
-        admitted = Outbox()
-        policed = (policies, base)
-        ready = _policed(rt, admitted, (ids, owner), (conv, turn), policed, (tools, prompt))
-        if isinstance(ready, list):  # deferred or stopped by a policy or a rate limit
-            return ready
-        call, fits = ready
-        announcement = _Announcement(rt, admitted)
+    budgets = Budgets(job)
+    request = _request(rt, (ids, owner), spec, budgets.tools_allowed)
+    if request is None:
+        log.info("step %s of %s: lease lost while listing tools; leaving", step, turn_id)
+        return []
+    base = model_call(spec, conv, (turn.id, turn.context_data), step, request.sent)
+    fit = ContextFit(request.tools, request.prompt)
+    admitted = Outbox()
+    policies = policies_of(spec)
+    chain = (step_policies(policies, budgets, fit), fit, base)
+    ready = _policed(rt, admitted, (ids, owner), (conv, turn, job), chain)
+    if isinstance(ready, list):  # deferred or stopped by a policy or a rate limit
+        return ready
+    where = ((ids, owner), (conv, turn))
+    called = _call_model(rt, where, request, (policies, ready, fit, base), (admitted, answered))
+    if isinstance(called, list):
+        return called
+    call, reply, lost, started = called
+    reply = _qualified(reply, request.names)
+    after_model(policies, call, reply)  # the calls under their registered names
+    if lost or reply.stopped:
+        return _left(rt, ids, reply, lost=lost)
+    leased = (conv, turn, job, spec)
+    offered = request.names.keys()
+    return persist(rt, ids, owner, reply, (started, began), request.tools_allowed, leased, offered)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What a step sends, before its policies: the system prompt (told when
+    the tool-call budget is spent), the tools offered (OpenAI format) and
+    each one's qualified name → alias, and the prompt."""
+
+    tools_allowed: bool
+    system: str
+    tools: list[dict[str, Any]]
+    names: dict[str, str]
+    prompt: Prompt
+
+    @property
+    def sent(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The messages and tools, as a :class:`ModelCall` carries them."""
+        return self.prompt.messages, self.tools
+
+
+def _request(
+    rt: Runtime, where: tuple[tuple[str, str, int], str], spec: AgentSpec, tools_allowed: bool
+) -> _Request | None:
+    """The step's request: its tools (none once the tool-call budget is
+    spent) and its prompt. None: the lease was lost while MCP servers were
+    listed. ``where``: the step and the lease owner."""
+    (conversation_id, _, _), owner = where
+    system = spec.system if tools_allowed else f"{spec.system}\n\n{NO_MORE_TOOLS}".strip()
+    offered = _offered_under_lease(rt, spec, conversation_id, owner) if tools_allowed else None
+    if tools_allowed and offered is None:
+        return None
+    tools, names = offered or ([], {})
+    with rt.autocommit() as connection:
+        prompt = model_prompt(connection, conversation_id, spec, system, names)
+    tools, names = _with_reader(spec, (tools, names), tools_allowed and prompt.cut)
+    return _Request(tools_allowed, system, tools, names, prompt)
+
+
+def _call_model(
+    rt: Runtime,
+    where: tuple[tuple[tuple[str, str, int], str], tuple[ConversationRow, TurnRow]],
+    request: _Request,
+    policed: tuple[Sequence[Policy], ModelCall, ContextFit, ModelCall],
+    recorded: tuple[Outbox, list[ModelReply]],
+) -> tuple[ModelCall, ModelReply, bool, float] | list[Action]:
+    """Make the admitted call (``policed``: the agent's policies, the call,
+    its context fit and the call before the policies) under the lease's
+    heartbeat, streaming its text live, after a checkpoint if it does not
+    fit; record ``llm.requested`` (``recorded``: its outbox) beside it,
+    and the reply in ``answered`` once the provider answered. Returns the
+    call made, the reply, whether the lease was lost meanwhile and when
+    the call began; or the actions of a failed call or of a checkpoint
+    that ended this execution."""
+    ((conversation_id, turn_id, step), owner), (conv, turn) = where
+    policies, call, fit, base = policed
+    admitted, answered = recorded
+    announcement = _Announcement(rt, admitted)
     correlation_id = turn.correlation_id
     root_id = conv.root_id
-    if over is not None:
-        revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, over, budget=True)
-        return [*actions, Revoke(tuple(revoke))]
 
     def publish_delta(text: str) -> None:
         announcement.wait()  # llm.requested first
@@ -282,9 +344,10 @@ def _run_step(
         # checkpoint's call before it), text or not. A lease lost meanwhile
         # lets the call finish: its usage counts.
         with heartbeat(rt).hold(conversation_id, owner) as lease:
-            if not fits:
+            if not fit.fits:
+                offered = (request.tools, request.names)
                 fitted, ended = _fit_context(
-                    rt, (conversation_id, turn_id, step, owner), system, (tools, names), base
+                    rt, (conversation_id, turn_id, step, owner), request.system, offered, base
                 )
                 if fitted is None:
                     return ended or []
@@ -292,7 +355,7 @@ def _run_step(
             reply = rt.model.complete(
                 call.model,
                 call.messages,
-                tools or None,
+                request.tools or None,
                 call.settings,
                 on_delta=deltas.add,
                 should_stop=cancel_watch(rt, correlation_id),
@@ -304,12 +367,7 @@ def _run_step(
     announcement.wait()
     deltas.flush()  # the rest of the text, before the reply's own events
     rate_limits(rt).after_model(call, reply)
-    reply = _qualified(reply, names)
-    after_model(policies, call, reply)  # the calls under their registered names
-    if lease.lost.is_set() or reply.stopped:
-        return _left(rt, ids, reply, lost=lease.lost.is_set())
-    leased = (conv, turn, job, spec)
-    return persist(rt, ids, owner, reply, (started, began), tools_allowed, leased, names.keys())
+    return call, reply, lease.lost.is_set(), started
 
 
 def _left(rt: Runtime, ids: tuple[str, str, int], reply: ModelReply, *, lost: bool) -> list[Action]:
@@ -401,53 +459,50 @@ def _defer_owned(
         return [_defer(session, loaded[0], wait)]
 
 
-def _request_size(call: ModelCall, tools: list[dict[str, Any]], prompt: Prompt) -> int:
-    """The tokens of ``call``'s request; the size of ``prompt``'s messages
-    is known (cached) unless a policy rewrote them."""
-    known = prompt.chars if call.messages is prompt.messages else None
-    return request_tokens(call.messages, tools, known)
-
-
 def _policed(
     rt: Runtime,
     admitted: Outbox,
     where: tuple[tuple[str, str, int], str],
-    leased: tuple[ConversationRow, TurnRow],
-    policed: tuple[Sequence[Policy], ModelCall],
-    request: tuple[list[dict[str, Any]], Prompt],
-) -> tuple[ModelCall, bool] | list[Action]:
-    """Put the call through the agent's policies, then its rate limits
-    (recording ``llm.requested`` in ``admitted``): the call to make and
-    whether it fits the agent's context-token limit (past it, a checkpoint
-    comes first, and admission after it: :func:`_fit_context`), or the
-    actions of a deferral or a stop. ``where``: the step and lease owner."""
+    leased: tuple[ConversationRow, TurnRow, TurnRow],
+    policed: tuple[Sequence[Policy], ContextFit, ModelCall],
+) -> ModelCall | list[Action]:
+    """Put the call through its policies (:func:`step_policies`: the
+    built-in max steps, budget and context fitting around the agent's own),
+    then its rate limits (recording ``llm.requested`` in ``admitted``): the
+    call to make, or the actions of a deferral or a stop. A call past the
+    agent's context-token limit (``fit``) is admitted after its checkpoint
+    instead (:func:`_fit_context`). ``where``: the step and lease owner."""
     ids, owner = where
-    conv, turn = leased
-    policies, base = policed
-    tools, prompt = request
-    spec = base.agent
-    decider, decided = before_model(policies, base)
+    conv, turn, job = leased
+    chain, fit, base = policed
+    decider, decided = before_model(chain, base)
     if not isinstance(decided, ModelCall):
-        return _policy_decided(rt, ids, owner, conv, (decider, decided))
-    size = _request_size(decided, tools, prompt)
-    fits = spec.context_tokens is None or size <= spec.context_tokens
-    wait = _admit(rt, admitted, conv, turn, ids[2], decided, size) if fits else 0.0
+        return _policy_decided(rt, ids, owner, (conv, job.id), (decider, decided))
+    wait = _admit(rt, admitted, conv, turn, ids[2], decided, fit.size) if fit.fits else 0.0
     if wait > 0:
         with rt.autocommit() as connection:
             return [_defer(connection, conv, wait, owner)]
-    return decided, fits
+    return decided
 
 
 def _policy_decided(
     rt: Runtime,
     ids: tuple[str, str, int],
     owner: str,
-    conv: _Position,
+    where: tuple[_Position, str],
     decision: tuple[str, Defer | Stop],
 ) -> list[Action]:
     """A policy deferred the call (the step is sent again with the
-    countdown, its due time recorded) or stopped it (the turn fails)."""
+    countdown, its due time recorded) or stopped it: the turn fails, or,
+    stopped by the job's budget, the job's whole tree (``budget.exceeded``).
+    ``where``: the conversation and the job's id."""
+    conv, job_id = where
     policy, decided = decision
+    if isinstance(decided, Stop) and policy == Budgets.name:
+        with rt.autocommit() as connection:
+            release_lease(connection, conv.id, owner)
+        revoke, actions = stop_tree(rt, job_id, TurnStatus.FAILED, decided.reason, budget=True)
+        return [*actions, Revoke(tuple(revoke))]
     if isinstance(decided, Stop):
         return _fail_owned(rt, ids, owner, stop_error(policy, decided))
     log.info("step %s: policy %r defers the model call %.3f s", ids[2], policy, decided.seconds)
@@ -483,10 +538,11 @@ def _fit_context(
                 return None, []
             conv, turn, _ = loaded
             prompt = model_prompt(session, conversation_id, spec, system, names)
-            policy, decided = before_model(policies, replace(base, messages=prompt.messages))
+            fit = ContextFit(tools, prompt)  # measures the request; sent as is now
+            rebuilt = replace(base, messages=prompt.messages)
+            policy, decided = before_model((*policies, fit), rebuilt)
             if isinstance(decided, ModelCall):
-                size = _request_size(decided, tools, prompt)
-                wait = _admit(rt, outbox, conv, turn, step, decided, size)
+                wait = _admit(rt, outbox, conv, turn, step, decided, fit.size)
                 if wait > 0:
                     raise RateLimited(wait)
     except ModelError as exc:

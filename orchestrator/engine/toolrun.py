@@ -10,22 +10,23 @@ from typing import Any
 from sqlmodel import Session
 
 from orchestrator import registry
-from orchestrator.engine.access import refusal
-from orchestrator.engine.actions import Action
-from orchestrator.engine.callpolicies import tool_call, tool_refusal
+from orchestrator.engine.actions import Action, RunSegment, ToolTask
+from orchestrator.engine.callpolicies import tool_call, tool_policies, tool_refusal
 from orchestrator.engine.cancel import cancel_watch
 from orchestrator.engine.subagents import is_subagent_call, start_child
 from orchestrator.engine.tool_outputs import READ_TOOL_OUTPUT, archives, read_output
 from orchestrator.errors import ChorusError, InvalidRequestError
 from orchestrator.events import Outbox
 from orchestrator.logs import bind, redact
-from orchestrator.policies import Policy, Stop, ToolCall
-from orchestrator.policies.chain import after_tool, before_tool, policies_of
+from orchestrator.policies import Defer, Policy, Stop, ToolCall
+from orchestrator.policies.chain import after_tool, before_tool
 from orchestrator.runtime import Runtime
+from orchestrator.store.db import Db
 from orchestrator.store.rows import CallRow, ConversationRow, TurnRow
+from orchestrator.store.step_sql import release_lease
 from orchestrator.store.subagent_sql import claim_call, read_call
 from orchestrator.store.tables import CALL_FINISHED
-from orchestrator.store.tool_call_sql import Claimed, claim, record_result
+from orchestrator.store.tool_call_sql import Claimed, claim, record_result, unclaim
 from orchestrator.store.values import MAX_DEPTH, storable
 from orchestrator.tools.calls import STOP_POLL, ToolContext, ToolStopped
 from schemas import AgentSpec, EventName, TurnStatus
@@ -100,8 +101,10 @@ def run_tool(
     call, turn, conv = claimed
     _bind(call, turn, conv)
     spec = AgentSpec.model_validate(conv.agent_spec)
-    policies = policies_of(spec)
+    policies = tool_policies(spec)
     refused, run = _admitted(rt, spec, policies, claimed)
+    if isinstance(run, Defer):
+        return _deferred(rt, claimed, run.seconds)
     if refused is not None:  # never run a tool the agent was not given, nor one past its runs
         with rt.transaction() as (session, outbox):
             _store_result(session, outbox, call, turn, conv, refused, True)
@@ -152,19 +155,49 @@ def run_tool(
 
 def _admitted(
     rt: Runtime, spec: AgentSpec, policies: Sequence[Policy], claimed: Claimed
-) -> tuple[str | None, ToolCall]:
-    """The call as it runs (its params as the agent's policies rewrote
-    them), and the error result instead of a run: a tool the agent was not
-    given, a call past its runs, or one a policy refused (else None)."""
+) -> tuple[str | None, ToolCall | Defer]:
+    """The call as it runs (its params as the policies rewrote them), and
+    the error result instead of a run: a call past its runs, a tool the
+    agent was not given (the built-in tool-access policy) or one another
+    policy refused (else None)."""
     call, turn, conv = claimed
     run = tool_call(spec, call, (turn.id, turn.context_data), conv.id)
-    refused = refusal(spec, call.tool) or _exhausted(rt, call)
-    if refused is not None or not policies:
+    refused = _exhausted(rt, call)
+    if refused is not None:
         return refused, run
     policy, decided = before_tool(policies, run)
     if isinstance(decided, Stop):
         return tool_refusal(policy, decided), run
+    if isinstance(decided, Defer):
+        log.info("tool %s: policy %r defers it %.3f s", call.tool, policy, decided.seconds)
     return None, decided
+
+
+def _deferred(rt: Runtime, claimed: Claimed, seconds: float) -> list[Action]:
+    """A policy deferred the call: give the claim back (its run not
+    counted) and send it again alone, with its segment's advance, in
+    ``seconds``. This task ends now: no worker slot waits, and its chord
+    part counts as returned (the advance it joins finds the call
+    unfinished and leaves; the deferred call's own advance moves on)."""
+    call, turn, conv = claimed
+    with rt.autocommit() as connection:
+        return _send_again(connection, call, (conv.id, turn.id), seconds)
+
+
+def _send_again(db: Db, call: CallRow, where: tuple[str, str], seconds: float) -> list[Action]:
+    """Give the call's claim back (:func:`unclaim`) and send it again, alone
+    with its segment's advance, in ``seconds``; record when it is due, so
+    the sweeper does not take a deferral longer than the stall timeout for
+    a stalled turn (the cursor waits at the call's segment: no step holds a
+    lease to release). ``where``: its conversation and turn."""
+    found = unclaim(db, call.id)
+    if found is None:  # finished meanwhile (a stop)
+        return []
+    segment, queue, priority = found
+    conversation_id, turn_id = where
+    release_lease(db, conversation_id, due_in=seconds)
+    task = ToolTask(call.id, call.tool, queue)
+    return [RunSegment(conversation_id, turn_id, call.step, segment, (task,), priority, seconds)]
 
 
 def _exhausted(rt: Runtime, call: CallRow) -> str | None:
@@ -223,10 +256,6 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         if job.stop_status is not None:
             return []  # the job is being stopped: the stop records this call cancelled
         spec = AgentSpec.model_validate(conv.agent_spec)
-        refused = refusal(spec, call.tool)
-        if refused is not None:  # never start a subagent the agent was not given
-            _store_result(session, outbox, call, turn, conv, refused, True)
-            return []
         # The job's root row before the call's: the one lock order (a stop
         # ending the caller's turn locks its conversation, then its calls);
         # the child's start takes a slot on the job's turn under this lock.
@@ -234,6 +263,16 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         if claimed is None:
             return []  # another copy finished it since the read above
         _bind(claimed, turn, conv)
+        # the policies' before_tool (tool access first: never start a
+        # subagent the agent was not given), in the claim's transaction
+        run = tool_call(spec, claimed, (turn.id, turn.context_data), conv.id)
+        policy, decided = before_tool(tool_policies(spec), run)
+        if isinstance(decided, Stop):
+            _store_result(session, outbox, claimed, turn, conv, tool_refusal(policy, decided), True)
+            return []
+        if isinstance(decided, Defer):  # given back in the claim's transaction
+            return _send_again(session, claimed, (conv.id, turn.id), decided.seconds)
+        claimed = claimed._replace(params=decided.params)
         return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
 
 

@@ -92,18 +92,20 @@ def on_model_failure(
     raise AssertionError("the built-in retry always decides")  # pragma: no cover
 
 
-def before_tool(policies: Sequence[Policy], call: ToolCall) -> tuple[str, ToolCall | Stop]:
+def before_tool(policies: Sequence[Policy], call: ToolCall) -> tuple[str, ToolCall | Defer | Stop]:
     """Run every ``before_tool`` hook in order: the call to run (its params
-    as they rewrote them) or the first :class:`Stop`, with its policy's name."""
+    as they rewrote them) or the first :class:`Defer` or :class:`Stop`,
+    with its policy's name."""
     for policy in policies:
         decided: Any = _guarded(policy, "before_tool", policy.before_tool, call)
-        if isinstance(decided, Stop):
+        if isinstance(decided, Defer | Stop):
+            _check_decision(policy, decided)
             return policy.name, decided
         if not (isinstance(decided, ToolCall) and isinstance(decided.params, dict)):
             raise PolicyError(
                 policy.name,
                 f"before_tool returned {type(decided).__name__}: return the call "
-                "(call.rewrite(params=...) to change it) or Stop",
+                "(call.rewrite(params=...) to change it), Defer or Stop",
             )
         call = decided
     return "", call

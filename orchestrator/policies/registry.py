@@ -17,6 +17,12 @@ from schemas.specs import NAME_PATTERN
 
 _policies: dict[str, Policy] = {}
 
+#: The built-in policies' names (the engine applies them to every agent;
+#: none can be registered, so an event's ``policy`` names one thing).
+BUILTIN_NAMES = frozenset(
+    {"retry", "rate-limits", "max-steps", "budget", "tool-access", "context-fit"}
+)
+
 #: A ``before_model`` hook written as a function.
 BeforeModel = Callable[[ModelCall], "ModelCall | Defer | Stop"]
 
@@ -38,13 +44,15 @@ def register_policy(name: str, policy: P) -> P:
     """Register ``policy`` (an instance) under ``name`` for agents to list.
 
     Raises:
-        ConfigurationError: the name is not a valid name, or another policy
-            has it.
+        ConfigurationError: the name is not a valid name, a built-in
+            policy's (:data:`BUILTIN_NAMES`), or another policy has it.
     """
     if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
         raise ConfigurationError(f"policy name {name!r}: letters, digits, '_' and '-', 1-64")
     if not isinstance(policy, Policy):
         raise ConfigurationError(f"policy {name!r}: {policy!r} is not a Policy instance")
+    if name in BUILTIN_NAMES:
+        raise ConfigurationError(f"policy name {name!r} is a built-in policy's")
     existing = _policies.get(name)
     if existing is not None and existing is not policy and _origin(existing) != _origin(policy):
         raise ConfigurationError(f"two different policies are named {name!r}")

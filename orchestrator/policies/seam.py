@@ -145,7 +145,10 @@ class ToolCall:
 class Defer:
     """Send the call later: the step ends and is sent again ``seconds`` from
     now (a countdown in the broker, the due time recorded: no worker slot
-    waits). From :meth:`Policy.on_model_failure`: a retry after a backoff."""
+    waits). From :meth:`Policy.on_model_failure`: a retry after a backoff.
+    From :meth:`Policy.before_tool`: the tool task ends without running the
+    tool, and the call is sent again ``seconds`` from now (its run not
+    counted; the step waits for it as for any running call)."""
 
     seconds: float
     reason: str = ""
@@ -154,8 +157,8 @@ class Defer:
 @dataclass(frozen=True)
 class Stop:
     """Do not call the model: the turn fails with ``reason``. From
-    :meth:`Policy.before_tool`: the tool does not run and the model gets
-    an error result with ``reason``."""
+    :meth:`Policy.before_tool`: the tool (or subagent) does not run and
+    the model gets an error result with ``reason``."""
 
     reason: str
 
@@ -173,10 +176,12 @@ class Policy:
       later), :class:`Stop` (fail the turn) or None (let the next one
       decide). If none decides, the built-in retry does (:class:`Retry`).
 
-    * :meth:`before_tool`, a then b, in the tools worker: return the call
-      (as is or with rewritten params) or :class:`Stop` (the tool does not
-      run; the model gets an error result).
-    * :meth:`after_tool`, b then a: observe the result.
+    * :meth:`before_tool`, a then b, in the tools worker (for a subagent
+      call, before its child starts): return the call (as is or with
+      rewritten params), :class:`Defer` (run it later) or :class:`Stop`
+      (the tool does not run; the model gets an error result).
+    * :meth:`after_tool`, b then a: observe the result (of a tool run;
+      a subagent's answer reaches its parent without it).
 
     A hook that raises fails the turn with a
     :class:`~orchestrator.errors.PolicyError` naming the policy.
@@ -194,7 +199,7 @@ class Policy:
     def on_model_failure(self, call: ModelCall, error: ModelError) -> Defer | Stop | None:
         return None
 
-    def before_tool(self, call: ToolCall) -> ToolCall | Stop:
+    def before_tool(self, call: ToolCall) -> ToolCall | Defer | Stop:
         return call
 
     def after_tool(self, call: ToolCall, result: Any, is_error: bool) -> None:

@@ -37,7 +37,6 @@ from orchestrator.store.rows import ConversationRow, TurnRow, columns, take
 from orchestrator.store.statements import MESSAGE_VALUES, Riders, message_params, new_rows_if, run
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, Turn, table
 from schemas import ConversationState, Usage
-from schemas.specs import FINAL_ANSWER
 
 _CONVERSATIONS = table(Conversation)
 _TURNS = table(Turn)
@@ -135,19 +134,6 @@ OWNED = (
     )
     .with_for_update(of=Conversation)
     .execution_options(populate_existing=True)
-)
-
-#: Rejected final answers plus nudges so far in a turn
-#: (:func:`~orchestrator.engine.persist._output_attempts`).
-ATTEMPTS = select_columns(
-    select_columns(func.count())
-    .select_from(_TOOL_CALLS)
-    .where(_TOOL_CALLS.c.turn_id == bindparam("b_turn"), _TOOL_CALLS.c.tool == FINAL_ANSWER)
-    .scalar_subquery()
-    + select_columns(func.count())
-    .select_from(_MESSAGES)
-    .where(_MESSAGES.c.turn_id == bindparam("b_turn"), _MESSAGES.c.kind == "nudge")
-    .scalar_subquery()
 )
 
 STORE_MESSAGE = insert(_MESSAGES)

@@ -150,6 +150,9 @@ class Turn(SQLModel, table=True):
     structured: Any = _json()
     error: str | None = Field(default=None, sa_type=Text)
     steps: int = 0
+    #: Rejected final answers and nudges so far in the turn (the
+    #: structured-output retry count, against the agent's ``output_retries``).
+    output_attempts: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0

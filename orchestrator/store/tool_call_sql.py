@@ -170,3 +170,28 @@ def record_result(
         else:
             events.discard()
     return written
+
+
+#: Give a claimed call back (a policy deferred it): pending again, its
+#: run not counted; returns where it runs (segment, queue) and the job's
+#: priority, to send it again.
+_UNCLAIM = (
+    update(_CALL)
+    .where(_CALL.c.id == bindparam("call_id"), _CALL.c.status == "running")
+    .values(status="pending", attempts=_CALL.c.attempts - 1, started_at=None, task_id=None)
+    .returning(
+        _CALL.c.segment,
+        _CALL.c.queue,
+        select(_CONVERSATION.c.priority)
+        .where(_CONVERSATION.c.id == _CALL.c.conversation_id)
+        .scalar_subquery(),
+    )
+)
+
+
+def unclaim(db: Db, call_id: str) -> tuple[int, str, int] | None:
+    """Give back the claim of a call that is deferred, not run: its segment,
+    queue and the job's priority, or None if it is no longer running (a
+    stop, or another copy, finished it)."""
+    row = connection_of(db).execute(_UNCLAIM, {"call_id": call_id}).first()
+    return None if row is None else (int(row[0]), str(row[1]), int(row[2]))

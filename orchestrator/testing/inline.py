@@ -157,7 +157,7 @@ class InlineDispatcher:
             if not action.calls:
                 self._queue_work(_advance_of(action))
             for call in action.calls:
-                self._queue_work(_Part(call, chord))
+                self._queue_work(_Part(call, chord), max(action.countdown, countdown))
         else:
             delay = (
                 action.countdown if isinstance(action, RunStep | TakeCheckpoint | Deadline) else 0

@@ -202,6 +202,39 @@ def test_a_tool_policy_rewrites_arguments_or_refuses_the_call(client: Client, wo
     assert [c.is_error for c in calls] == [False, True]
 
 
+def test_a_tool_policy_defers_a_call_without_a_worker_slot(
+    client: Client, workers: Any, tmp_path: Path
+) -> None:
+    # Given a policy that defers tool calls while a file exists
+    hold = tmp_path / "hold"
+    hold.touch()
+    with LoopbackLLM() as server:
+        server.enqueue_tool_calls([("add", {"a": 2, "b": 3})])
+        server.enqueue_text("Done.")
+        spec = agent(server, "hold-tools-while-file").model_copy(update={"tools": ("add",)})
+        job = client.submit(spec, "add", context_data={"hold": str(hold)})
+
+        # When the call was deferred (sent again with a countdown), then let go
+        deferred = tmp_path / "hold.deferred"
+        while not deferred.exists():
+            time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while (call := tool_calls(client, job.id)[0]).status != "pending":  # given back
+            assert time.monotonic() < deadline, call.status
+            time.sleep(0.05)
+        assert call.result is None
+        assert _due_at(client, job.conversation_id) is not None  # the sweeper waits for it
+        hold.unlink()
+
+        # Then the tool runs once and the step goes on
+        assert job.result(timeout=60) == "Done."
+    results = [m["content"] for m in server.requests[1]["messages"] if m["role"] == "tool"]
+    assert results == ["5"]
+    [call] = tool_calls(client, job.id)
+    assert call.attempts == 1  # deferrals are not runs
+    assert len(events(job, EventName.TOOL_STARTED)) == 1
+
+
 def test_an_observer_sees_each_reply_with_its_attempt(
     client: Client, workers: Any, tmp_path: Path
 ) -> None:
