@@ -17,7 +17,8 @@ sleeps ``--pause`` seconds, then an answer; about a dozen events a turn.
   ``Job.events()``. **Event latency** is the time an event is delivered
   minus its stored ``time`` (when its transaction wrote it), over the
   events stored after the follower connected (replayed ones are not
-  live), median and p95. **Memory per follower** is the growth of the
+  live; over HTTP, after the stream's headers came), median and p95.
+  **Memory per follower** is the growth of the
   serving process's RSS (the ``chorus server`` process over HTTP, this
   process with the client) from before the followers connect to its peak
   while they follow, divided by their number.
@@ -116,8 +117,8 @@ async def _follow_http(url: str, token: str, job_ids: list[str]) -> list[float]:
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as http:
 
         async def one(job_id: str) -> None:
-            since = time.time()
             async with http.stream("GET", f"/v1/jobs/{job_id}/events") as answer:
+                since = time.time()  # the stream is open: what is stored now is live
                 async for line in answer.aiter_lines():
                     if line.startswith("data: {") and '"seq"' in line:
                         found = _latency(json.loads(line[6:]), since)
@@ -249,7 +250,7 @@ def main() -> int:
     parser.add_argument("--followers", type=int, default=100)
     parser.add_argument("--submits", type=int, default=200)
     parser.add_argument("--submitters", type=int, default=8)
-    parser.add_argument("--pause", type=float, default=1.0, help="Seconds the tool sleeps.")
+    parser.add_argument("--pause", type=float, default=2.0, help="Seconds the tool sleeps.")
     parser.add_argument("--concurrency", type=int, default=32, help="Threads of the worker.")
     parser.add_argument("--admin-url", default=DEFAULT_ADMIN)
     parser.add_argument("--keep-logs", action="store_true")

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
@@ -29,6 +30,13 @@ STREAM_RESPONSE = {
         "`?last_event_id=`) to get exactly the events after it."
     ),
     "content": {MEDIA_TYPE: {"schema": {"type": "string"}}},
+}
+
+
+#: The arguments of an event stream's route.
+ROUTE: dict[str, Any] = {
+    "response_class": StreamingResponse,
+    "responses": {200: STREAM_RESPONSE},
 }
 
 
