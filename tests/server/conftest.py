@@ -40,7 +40,7 @@ def start_server(settings: Settings, log: Path, timeout: float = 60.0) -> Server
     """`chorus server` on a free port, once /v1/health answers."""
     port = free_port()
     proc = subprocess.Popen(
-        [*CHORUS, "server", "--port", str(port), "--keepalive", str(KEEPALIVE), "-l", "warning"],
+        [*CHORUS, "server", "--port", str(port), "--keepalive", str(KEEPALIVE), "-l", "info"],
         cwd=ROOT,
         env=worker_env(settings),
         stdout=log.open("wb"),
