@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 
 import httpx
@@ -14,7 +12,7 @@ from typer.testing import CliRunner
 from orchestrator import Client, Settings
 from orchestrator.cli import app
 from orchestrator.errors import InvalidRequestError
-from tests.conftest import ROOT, worker_env
+from tests.integration.test_liveness import _chorus
 from tests.server.conftest import Server, bearer, make_token
 
 pytestmark = pytest.mark.integration
@@ -33,18 +31,6 @@ def _done(http: httpx.Client, agent: str, text: str, **extra: object) -> dict[st
     assert answer.status_code == 200, answer.text
     found["output"] = answer.json()["output"]
     return found
-
-
-def _chorus(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        cwd=ROOT,
-        env=worker_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize(
