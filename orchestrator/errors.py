@@ -15,6 +15,9 @@
     │   ├── ConversationNotFound
     │   ├── ToolOutputNotFound    no archived tool output by that handle
     │   ├── ConversationBusyError a turn is running on that conversation
+    │   ├── ApprovalNotFound      no tool call by that id
+    │   ├── ConflictError         the state changed under the request (a call
+    │   │                         already answered, or no longer waiting)
     │   └── ConfigurationError    settings missing or contradictory
     └── AgentRunError             something failed while running
         ├── ModelError            the model API failed (status, body)
@@ -146,6 +149,17 @@ class ConversationBusyError(UserError):
         super().__init__(
             f"conversation {conversation_id!r} is running a turn; wait for it to finish"
         )
+
+
+class ApprovalNotFound(UserError):
+    def __init__(self, call_id: str) -> None:
+        self.call_id = call_id
+        super().__init__(f"no tool call {call_id!r}")
+
+
+class ConflictError(UserError):
+    """The request lost to a change made before it: a call answered twice
+    (the first answer stands), or a call no longer waiting for one."""
 
 
 class ConfigurationError(UserError):

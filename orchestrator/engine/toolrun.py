@@ -12,6 +12,7 @@ from sqlmodel import Session
 from orchestrator import registry
 from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
+from orchestrator.engine.approvals import hold
 from orchestrator.engine.callpolicies import tool_call, tool_refusal
 from orchestrator.engine.cancel import cancel_watch
 from orchestrator.engine.subagents import is_subagent_call, start_child
@@ -114,6 +115,8 @@ def run_tool(
     call, turn, conv = claimed
     _bind(call, turn, conv)
     spec = AgentSpec.model_validate(conv.agent_spec)
+    if hold(rt, spec, claimed):
+        return []  # waits for a person's answer, holding no slot (engine/approvals.py)
     policies = policies_of(spec)
     refused, run = _admitted(rt, spec, policies, claimed)
     if refused is not None:  # never run a tool the agent was not given, nor one past its runs

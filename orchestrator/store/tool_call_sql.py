@@ -21,7 +21,14 @@ from orchestrator.store.db import Db, connection_of
 from orchestrator.store.dialect import returns_joined_rows
 from orchestrator.store.fast_executor import execute
 from orchestrator.store.statements import unfinished
-from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
+from orchestrator.store.tables import (
+    AWAITING_APPROVAL,
+    Conversation,
+    ToolCallRow,
+    Turn,
+    table,
+    utcnow,
+)
 from schemas import TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
 
@@ -77,6 +84,7 @@ class ClaimedCall(NamedTuple):
     params: dict[str, Any]
     attempts: int
     step: int
+    answer: str | None  # a person's answer to a call that needed one
 
 
 class ClaimedTurn(NamedTuple):
@@ -107,8 +115,9 @@ _CALL_END = len(_CALL_COLUMNS)
 _UNFINISHED = unfinished(_CALL.c.status)
 _TURN_END = _CALL_END + len(_TURN_COLUMNS)
 
-#: Mark the call running unless it has its result, its turn has ended, its
-#: job is being stopped, or it is a subagent call: one conditional update,
+#: Mark the call running unless it has its result, waits for a person's
+#: answer, its turn has ended, its job is being stopped, or it is a
+#: subagent call: one conditional update,
 #: so a redelivered copy racing the copy that finishes it cannot turn a
 #: finished call back into a running one (and record a second result).
 _CLAIM = (
@@ -116,6 +125,7 @@ _CLAIM = (
     .where(
         _CALL.c.id == bindparam("call_id"),
         _UNFINISHED,
+        _CALL.c.status != AWAITING_APPROVAL,  # only its answer moves it on
         ~_CALL.c.tool.startswith(SUBAGENT_PREFIX, autoescape=True),
         _TURN.c.id == _CALL.c.turn_id,
         _TURN.c.status == TurnStatus.RUNNING.value,
