@@ -6,9 +6,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator import Agent, ToolContext, tool
+from sqlmodel import col, select
+
+from orchestrator import Agent, Client, Job, ToolContext, tool
+from orchestrator.events import row_to_event
 from orchestrator.llm.scripted import Reply, call, register_script, scripted_model
+from orchestrator.store.tables import EventRow
+from schemas import Event, EventName
 from tests.agents import echo_results
+
+
+def stored_events(client: Client, job: Job, *names: EventName) -> list[Event]:
+    """The job's tree's events stored so far, in order, those named
+    ``names`` when given (``Job.events`` follows until the turn ends)."""
+    with client.runtime.session() as s:
+        rows = s.exec(
+            select(EventRow).where(EventRow.root_id == job.root_id).order_by(col(EventRow.seq))
+        ).all()
+        events = [row_to_event(row) for row in rows]
+    return [e for e in events if not names or e.name in names]
 
 
 def _mark(ctx: ToolContext, line: str) -> None:
@@ -26,7 +42,7 @@ def book_flight(flight: str, ctx: ToolContext) -> str:
     Args:
         flight: the flight number.
     """
-    _mark(ctx, f"book {flight}")
+    _mark(ctx, f"book_flight {flight}")
     return f"booked {flight}"
 
 
@@ -39,7 +55,7 @@ def lookup_city(city: str, ctx: ToolContext, seconds: float = 0.2) -> dict[str, 
         seconds: how long it takes.
     """
     time.sleep(seconds)
-    _mark(ctx, f"lookup {city}")
+    _mark(ctx, f"lookup_city {city}")
     return {"city": city, "at": time.time()}
 
 
@@ -50,7 +66,7 @@ def issue_refund(amount: int, ctx: ToolContext) -> str:
     Args:
         amount: in euros.
     """
-    _mark(ctx, f"refund {amount}")
+    _mark(ctx, f"issue_refund {amount}")
     return f"refunded {amount}"
 
 

@@ -3,7 +3,7 @@
 A call needs approval when its tool was declared with ``approval=True`` or
 its agent lists the tool in ``approve`` (:func:`gate`). Its ``chorus.tool``
 task claims it as usual, finds it gated and unanswered, moves it to
-``awaiting_approval`` with ``tool.approval_requested`` (:func:`hold`) and
+``awaiting`` with ``tool.approval_requested`` (:func:`hold`) and
 returns: the task ends, no worker slot waits, and the segment's chord counts
 the part as any other, so its ``chorus.advance`` runs once the other calls
 end and finds this one still out (it does nothing).
@@ -99,7 +99,7 @@ def gate(spec: AgentSpec, tool: str) -> Gate | None:
 
 def hold(rt: Runtime, spec: AgentSpec, claimed: Claimed) -> bool:
     """Keep a claimed call that needs an answer from running: move it to
-    ``awaiting_approval`` (``tool.approval_requested``, with its arguments)
+    ``awaiting`` (``tool.approval_requested``, with its arguments)
     and return True; the task then ends. False: run it (no approval needed,
     or already approved)."""
     call, turn, conv = claimed
@@ -207,7 +207,7 @@ def expire(rt: Runtime, limit: int = MAX_LISTED) -> list[Action]:
                 state = call_state(session, call_id)
                 if state is None or state.status != AWAITING_APPROVAL:
                     continue
-                waited = f"no answer in {state.approval_timeout or 0:g} s"
+                waited = f"no answer in {_waited(state):g} s"
                 denial = (Decision.DENIED, TIMEOUT_ANSWERER, waited)
                 actions += record(session, outbox, call_id, *denial)
         except ConflictError:
@@ -237,6 +237,14 @@ def _text(value: object, field: str, limit: int = MAX_NOTE_CHARS) -> str | None:
             [field],
         )
     return value.strip()
+
+
+def _waited(state: CallState) -> float:
+    """Seconds a call may wait: its deadline less its start (both on the
+    database's clock)."""
+    if state.approval_deadline is None or state.approval_requested_at is None:
+        return 0.0
+    return round((state.approval_deadline - state.approval_requested_at).total_seconds(), 3)
 
 
 def _denial(tool: str, reason: str) -> str:

@@ -1,8 +1,8 @@
 """Human approvals' reads and writes on the tool call table, built once.
 
-A gated call goes ``running`` (claimed by its tool task) → ``awaiting_approval``
+A gated call goes ``running`` (claimed by its tool task) → ``awaiting``
 (:data:`AWAIT`); a person's answer is one compare-and-set from
-``awaiting_approval`` (:data:`ANSWER`): approved → ``approved`` (claimable:
+``awaiting`` (:data:`ANSWER`): approved → ``approved`` (claimable:
 its tool task runs it), denied → ``failed`` with the denial as its result.
 Of two answers exactly one changes the row. The statements are Core and take
 a plain connection or a session: an asyncio caller runs the functions here in
@@ -11,6 +11,7 @@ a plain connection or a session: an asyncio caller runs the functions here in
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import Float, Row, Select, bindparam, func, select, update
@@ -50,7 +51,6 @@ AWAIT = (
         attempts=0,
         started_at=None,
         approval_requested_at=db_now(),
-        approval_timeout=_TIMEOUT,
         approval_deadline=db_now(_TIMEOUT),
     )
 )
@@ -96,7 +96,8 @@ class CallState(NamedTuple):
     turn_id: str
     correlation_id: str
     priority: int
-    approval_timeout: float | None
+    approval_requested_at: datetime | None
+    approval_deadline: datetime | None
 
 
 _STATE = (
@@ -115,7 +116,8 @@ _STATE = (
         _CALL.c.turn_id,
         _TURN.c.correlation_id,
         _CONVERSATION.c.priority,
-        _CALL.c.approval_timeout,
+        _CALL.c.approval_requested_at,
+        _CALL.c.approval_deadline,
     )
     .join(_TURN, _TURN.c.id == _CALL.c.turn_id)
     .join(_CONVERSATION, _CONVERSATION.c.id == _CALL.c.conversation_id)

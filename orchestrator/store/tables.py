@@ -55,7 +55,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 #: Statuses of a tool call that has its one result.
 CALL_FINISHED = ("completed", "failed", "cancelled")
 #: A call waiting for a person's answer; ``approved``: answered, not yet run.
-AWAITING_APPROVAL = "awaiting_approval"
+AWAITING_APPROVAL = "awaiting"
 APPROVED = "approved"
 
 
@@ -221,11 +221,10 @@ class ToolCallRow(SQLModel, table=True):
     finished_at: datetime | None = _time(nullable=True)
     created_at: datetime = _time()
     #: Human approval (``orchestrator/engine/approvals.py``): when the call
-    #: began waiting (status ``awaiting_approval``), its timeout and the
-    #: deadline it is denied at, and the one answer (``approved`` or
+    #: began waiting (status ``awaiting``) and the deadline it is
+    #: denied at (None: no timeout), and the one answer (``approved`` or
     #: ``denied``), who gave it, when, and its note or reason.
     approval_requested_at: datetime | None = _time(nullable=True)
-    approval_timeout: float | None = None
     approval_deadline: datetime | None = _time(nullable=True)
     answer: str | None = Field(default=None, max_length=16)
     answered_by: str | None = Field(default=None, max_length=200)
@@ -238,8 +237,8 @@ class ToolCallRow(SQLModel, table=True):
         Index(
             "ix_chorus_tool_call_awaiting",
             "approval_deadline",
-            postgresql_where=text("status = 'awaiting_approval'"),
-            sqlite_where=text("status = 'awaiting_approval'"),
+            postgresql_where=text("status = 'awaiting'"),
+            sqlite_where=text("status = 'awaiting'"),
         ),
     )
 

@@ -22,6 +22,7 @@ from orchestrator.engine.sweep import sweep
 from orchestrator.store.tables import Conversation
 from orchestrator.testing import Harness
 from schemas import Decision, EventName, PendingApproval, TurnStatus
+from tests.approval_agents import stored_events
 from tests.conftest import LOOPBACK_ENDPOINTS, TEST_MODULES, tool_calls
 from tests.engine.conftest import OPENAI_API_KEY
 from tests.services import Services
@@ -53,9 +54,7 @@ def test_a_gated_call_waits_while_the_rest_of_its_segment_runs_then_runs_once_ap
     )
     assert (waiting.job_id, waiting.root_id, waiting.deadline) == (job.id, job.root_id, None)
     assert job.status().status is TurnStatus.RUNNING
-    [requested] = [
-        e for e in job.events(deltas=False) if e.name is EventName.TOOL_APPROVAL_REQUESTED
-    ]
+    [requested] = stored_events(client, job, EventName.TOOL_APPROVAL_REQUESTED)
     assert requested.data["params"] == {"flight": "LIS-123"}
     assert requested.data["call_id"] == waiting.call_id
 

@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator import ChorusError, Client, ConflictError, Job, Settings
 from schemas import EventName, PendingApproval, TurnStatus
+from tests.approval_agents import stored_events
 from tests.conftest import WorkerProcess, tool_calls, worker_env
 from tests.fleet import running_beat
 from tests.test_cli import run
@@ -35,8 +36,8 @@ def _runs(mark: Path) -> list[str]:
     return mark.read_text().splitlines() if mark.exists() else []
 
 
-def _names(job: Job) -> list[EventName]:
-    return [e.name for e in job.events(deltas=False)]
+def _names(client: Client, job: Job) -> list[EventName]:
+    return [e.name for e in stored_events(client, job)]
 
 
 def test_approve_while_the_rest_of_the_segment_completes(
@@ -51,11 +52,11 @@ def test_approve_while_the_rest_of_the_segment_completes(
     # Then the other call of the segment completes while book_flight waits,
     # and the segment's barrier (the chord's advance) does not move on
     deadline = time.monotonic() + 30
-    while EventName.TOOL_COMPLETED not in _names(job):
+    while EventName.TOOL_COMPLETED not in _names(client, job):
         assert time.monotonic() < deadline, "lookup_city never completed"
         time.sleep(0.05)
     time.sleep(1.0)  # the chord's advance ran by now
-    assert _names(job).count(EventName.LLM_REQUESTED) == 1
+    assert _names(client, job).count(EventName.LLM_REQUESTED) == 1
     assert job.status().status is TurnStatus.RUNNING
     assert _runs(mark) == ["lookup_city Lisbon"]
 
@@ -63,7 +64,7 @@ def test_approve_while_the_rest_of_the_segment_completes(
     client.approve(waiting.call_id, note="ok", by="alice")
     assert "booked LIS-123" in job.result(timeout=60)
     assert _runs(mark) == ["lookup_city Lisbon", "book_flight LIS-123"]
-    names = _names(job)
+    names = _names(client, job)
     order = [n for n in names if n.startswith("tool.") and n != EventName.TOOL_REQUESTED]
     assert order.index(EventName.TOOL_APPROVAL_REQUESTED) < order.index(EventName.TOOL_APPROVED)
     [approved] = [e for e in job.events(deltas=False) if e.name is EventName.TOOL_APPROVED]
@@ -152,7 +153,7 @@ def test_cancel_while_waiting(client: Client, workers: Any, tmp_path: Path) -> N
     assert job.status().status is TurnStatus.CANCELLED
     [call] = [c for c in tool_calls(client, job.id) if c.tool == "book_flight"]
     assert call.status == "cancelled"
-    assert EventName.TOOL_CANCELLED in _names(job)
+    assert EventName.TOOL_CANCELLED in _names(client, job)
     with pytest.raises(ConflictError):
         client.approve(waiting.call_id)
     time.sleep(0.5)

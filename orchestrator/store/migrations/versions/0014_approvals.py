@@ -17,7 +17,7 @@ down_revision = "0010"
 branch_labels = None
 depends_on = None
 
-_AWAITING = sa.text("status = 'awaiting_approval'")
+_AWAITING = sa.text("status = 'awaiting'")
 
 
 def upgrade() -> None:
@@ -25,7 +25,6 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("approval_requested_at", UTCDateTime(timezone=True), nullable=True)
         )
-        batch.add_column(sa.Column("approval_timeout", sa.Float(), nullable=True))
         batch.add_column(sa.Column("approval_deadline", UTCDateTime(timezone=True), nullable=True))
         batch.add_column(sa.Column("answer", sa.String(length=16), nullable=True))
         batch.add_column(sa.Column("answered_by", sa.String(length=200), nullable=True))
@@ -49,7 +48,6 @@ def downgrade() -> None:
             "answered_by",
             "answer",
             "approval_deadline",
-            "approval_timeout",
             "approval_requested_at",
         ):
             batch.drop_column(column)
