@@ -183,15 +183,19 @@ def test_a_worker_killed_while_a_call_waits(
     job = client.submit("travel-desk", "book", context_data={"mark": str(mark)})
     waiting = _waiting(client, job)
 
-    # When the whole tools worker is SIGKILLed, and another takes its place
+    # When the whole tools worker is SIGKILLed, the call is approved while no
+    # worker reads its queue, and another worker starts
     os.killpg(workers["tools"].proc.pid, signal.SIGKILL)
     workers["tools"].proc.wait(10)
-    workers["tools"] = WorkerProcess(settings, "tools3", "-Q", "tools", "-P", "prefork", "-c", "4")
-    workers["tools"].wait_ready(client)
+    client.approve(waiting.call_id)
+    workers["tools"] = WorkerProcess(settings, "tools3", "-Q", "tools", "-P", "threads", "-c", "8")
+    workers["tools"].wait_ready(client, timeout=120)
 
     # Then the approval runs the call, once
-    client.approve(waiting.call_id)
-    assert "booked LIS-123" in job.result(timeout=60)
+    try:
+        assert "booked LIS-123" in job.result(timeout=120)
+    finally:
+        print(workers["tools"].log_path.read_text()[-5000:])
     assert _runs(mark).count("book_flight LIS-123") == 1
     [call] = [c for c in tool_calls(client, job.id) if c.tool == "book_flight"]
     assert (call.status, call.attempts) == ("completed", 1)
