@@ -32,6 +32,14 @@ def _waiting(client: Client, job: Job, timeout: float = 30) -> PendingApproval:
     return waiting
 
 
+def _completed(client: Client, job: Job) -> None:
+    """Until the job's (first) tool call completed."""
+    deadline = time.monotonic() + 30
+    while EventName.TOOL_COMPLETED not in _names(client, job):
+        assert time.monotonic() < deadline, "no tool call completed"
+        time.sleep(0.05)
+
+
 def _runs(mark: Path) -> list[str]:
     return mark.read_text().splitlines() if mark.exists() else []
 
@@ -51,10 +59,7 @@ def test_approve_while_the_rest_of_the_segment_completes(
 
     # Then the other call of the segment completes while book_flight waits,
     # and the segment's barrier (the chord's advance) does not move on
-    deadline = time.monotonic() + 30
-    while EventName.TOOL_COMPLETED not in _names(client, job):
-        assert time.monotonic() < deadline, "lookup_city never completed"
-        time.sleep(0.05)
+    _completed(client, job)
     time.sleep(1.0)  # the chord's advance ran by now
     assert _names(client, job).count(EventName.LLM_REQUESTED) == 1
     assert job.status().status is TurnStatus.RUNNING
@@ -182,6 +187,7 @@ def test_a_worker_killed_while_a_call_waits(
     mark = tmp_path / "mark"
     job = client.submit("travel-desk", "book", context_data={"mark": str(mark)})
     waiting = _waiting(client, job)
+    _completed(client, job)  # lookup_city: nothing runs on the worker but the wait
 
     # When the whole tools worker is SIGKILLed, the call is approved while no
     # worker reads its queue, and another worker starts
@@ -192,10 +198,7 @@ def test_a_worker_killed_while_a_call_waits(
     workers["tools"].wait_ready(client, timeout=120)
 
     # Then the approval runs the call, once
-    try:
-        assert "booked LIS-123" in job.result(timeout=120)
-    finally:
-        print(workers["tools"].log_path.read_text()[-5000:])
+    assert "booked LIS-123" in job.result(timeout=60)
     assert _runs(mark).count("book_flight LIS-123") == 1
     [call] = [c for c in tool_calls(client, job.id) if c.tool == "book_flight"]
     assert (call.status, call.attempts) == ("completed", 1)
