@@ -28,12 +28,12 @@ from orchestrator.store.tables import (
     table,
     utcnow,
 )
+from orchestrator.store.tool_call_sql import JOB_NOT_STOPPING
 from schemas import Decision, PendingApproval
 
 _CALL = table(ToolCallRow)
 _TURN = table(Turn)
 _CONVERSATION = table(Conversation)
-_JOB = _TURN.alias("job")
 _TIMEOUT = bindparam("timeout", type_=Float)
 
 #: The claimed (``running``) call starts waiting for an answer: not a run
@@ -62,9 +62,7 @@ ANSWER = (
     .where(
         _CALL.c.id == bindparam("call_id"),
         _CALL.c.status == AWAITING_APPROVAL,
-        _TURN.c.id == _CALL.c.turn_id,
-        _JOB.c.id == func.coalesce(_TURN.c.job_id, _TURN.c.id),
-        _JOB.c.stop_status.is_(None),
+        *JOB_NOT_STOPPING,
     )
     .values(
         status=bindparam("new_status"),

@@ -152,6 +152,14 @@ _TURN_AND_CONVERSATION = (
     .where(_TURN.c.id == bindparam("turn_id"), _CONVERSATION.c.id == bindparam("conversation_id"))
 )
 
+#: The call's job (its turn's, or the turn's own) has no stop mark: an
+#: update of a call under these conditions changes nothing once a stop began.
+JOB_NOT_STOPPING = (
+    _TURN.c.id == _CALL.c.turn_id,
+    _JOB.c.id == func.coalesce(_TURN.c.job_id, _TURN.c.id),
+    _JOB.c.stop_status.is_(None),
+)
+
 #: The call's one result: changes no row if a result is already there or
 #: its job is being stopped. A stop marks the job before it records the
 #: unfinished calls ``cancelled``: a result that arrives in between (a
@@ -161,13 +169,7 @@ _TURN_AND_CONVERSATION = (
 #: after its job was stopped.
 RESULT = (
     update(_CALL)
-    .where(
-        _CALL.c.id == bindparam("call_id"),
-        _UNFINISHED,
-        _TURN.c.id == _CALL.c.turn_id,
-        _JOB.c.id == func.coalesce(_TURN.c.job_id, _TURN.c.id),
-        _JOB.c.stop_status.is_(None),
-    )
+    .where(_CALL.c.id == bindparam("call_id"), _UNFINISHED, *JOB_NOT_STOPPING)
     .values(
         status=bindparam("result_status"),
         result=bindparam("result_value"),

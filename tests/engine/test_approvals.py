@@ -23,8 +23,8 @@ from orchestrator.store.tables import Conversation
 from orchestrator.testing import Harness
 from schemas import Decision, EventName, PendingApproval, TurnStatus
 from tests.approval_agents import stored_events
-from tests.conftest import LOOPBACK_ENDPOINTS, TEST_MODULES, tool_calls
-from tests.engine.conftest import OPENAI_API_KEY
+from tests.conftest import tool_calls
+from tests.engine.conftest import services_harness
 from tests.services import Services
 
 
@@ -129,37 +129,10 @@ def test_approve_must_name_tools_of_the_agent() -> None:
         Agent("gatekeeper", "scripted/travel-desk", tools=["lookup_city"], approve=["issue_refund"])
 
 
-def test_cancel_ends_a_waiting_call(client: Client, tmp_path: Path) -> None:
-    mark = tmp_path / "mark"
-    job = client.submit("travel-desk", "book", context_data={"mark": str(mark)})
-    waiting = _waiting(client, job)
-
-    client.cancel(job.id)
-
-    assert job.status().status is TurnStatus.CANCELLED
-    [call] = [c for c in tool_calls(client, job.id) if c.tool == "book_flight"]
-    assert call.status == "cancelled"
-    cancelled = [e for e in job.events(deltas=False) if e.name is EventName.TOOL_CANCELLED]
-    assert [e.data["tool"] for e in cancelled] == ["book_flight"]
-    with pytest.raises(ConflictError, match="not waiting"):
-        client.approve(waiting.call_id)
-    assert _runs(mark) == ["lookup_city Lisbon"]
-
-
 @pytest.fixture(scope="module")
 def swept(services: Services) -> Iterator[Harness]:
     """A harness whose sweeper sees a turn as stalled after half a second."""
-    with (
-        pytest.MonkeyPatch.context() as env,
-        Harness(
-            modules=[TEST_MODULES],
-            redis_url=services.redis_url,
-            database_url=services.database_url,
-            model_endpoints=[LOOPBACK_ENDPOINTS],
-            stall_timeout=0.5,
-        ) as h,
-    ):
-        env.setenv("OPENAI_API_KEY", OPENAI_API_KEY)
+    with services_harness(services, stall_timeout=0.5) as h:
         yield h
 
 
