@@ -16,9 +16,11 @@ from orchestrator.lazy import lazy_exports
 __all__ = [
     "Agent",
     "AgentRunError",
+    "ApprovalNotFound",
     "ChorusError",
     "Client",
     "ConfigurationError",
+    "ConflictError",
     "ConversationBusyError",
     "ConversationNotFound",
     "InvalidRequestError",
@@ -69,8 +71,10 @@ if TYPE_CHECKING:
     from orchestrator.client import Client, Job
     from orchestrator.errors import (
         AgentRunError,
+        ApprovalNotFound,
         ChorusError,
         ConfigurationError,
+        ConflictError,
         ConversationBusyError,
         ConversationNotFound,
         InvalidRequestError,

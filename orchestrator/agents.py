@@ -55,6 +55,8 @@ def Agent(
     checkpoint_strategy: str = _default("checkpoint_strategy"),
     tool_output_limit: int = _default("tool_output_limit"),
     model_settings: dict[str, Any] | None = None,
+    approve: Sequence[Tool | str] = (),
+    approval_timeout: float | None = None,
 ) -> AgentSpec:
     """Declare an agent and register it, so jobs can name it.
 
@@ -105,6 +107,14 @@ def Agent(
             built-in ``read_tool_output`` tool to read the rest.
         model_settings: extra litellm arguments (``temperature``, ``api_base``);
             never secrets, which litellm reads from the worker's environment.
+        approve: tools of this agent (objects or names, each also in
+            ``tools``) whose calls wait for a person's answer before they run
+            (``Client.approve`` / ``Client.deny``), besides tools declared
+            with ``approval=True``; a name not among its tools raises
+            :class:`InvalidRequestError`.
+        approval_timeout: seconds a call of this agent waits for an answer
+            before it is denied ("no answer in N s"); None: no limit. A
+            tool's own ``approval_timeout``, if shorter, wins.
     """
     try:
         spec = AgentSpec(
@@ -133,6 +143,8 @@ def Agent(
             checkpoint_strategy=checkpoint_strategy,
             tool_output_limit=tool_output_limit,
             model_settings=model_settings or {},
+            approve=tuple(t.spec.name if isinstance(t, Tool) else t for t in approve),
+            approval_timeout=approval_timeout,
         )
     except ValidationError as exc:
         raise invalid(exc, f"agent {name!r}") from None

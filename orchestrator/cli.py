@@ -431,6 +431,53 @@ def send(
     console.print(f"message {entry}: " + (f"job {job.id}" if job else "queued"))
 
 
+@app.command("approvals")
+def list_approvals(
+    conversation: Annotated[
+        str | None, typer.Option("--conversation", help="A conversation or the root of a tree.")
+    ] = None,
+    agent: Annotated[str | None, typer.Option("--agent")] = None,
+    tool_name: Annotated[str | None, typer.Option("--tool")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
+) -> None:
+    """List the tool calls waiting for a person's answer, oldest first."""
+    waiting = _client().pending_approvals(conversation_id=conversation, agent=agent, tool=tool_name)
+    for p in waiting:
+        if as_json:
+            sys.stdout.write(p.model_dump_json() + "\n")
+            continue
+        deadline = f" deadline {p.deadline:%Y-%m-%d %H:%M:%S}" if p.deadline else ""
+        console.print(
+            f"{p.call_id}  {p.tool}  agent {p.agent}  job {p.job_id}  "
+            f"since {p.requested_at:%Y-%m-%d %H:%M:%S}{deadline}  "
+            + json.dumps(p.arguments, ensure_ascii=False)
+        )
+    if not waiting and not as_json:
+        console.print("no tool call is waiting for approval", style="dim")
+
+
+@app.command()
+def approve(
+    call_id: str,
+    note: Annotated[str | None, typer.Option("--note", help="Kept with the answer.")] = None,
+    by: Annotated[str | None, typer.Option("--by", help="Who answers (default: $USER).")] = None,
+) -> None:
+    """Approve a tool call waiting for an answer: it runs and its turn goes on."""
+    _client().approve(call_id, note=note, by=by)
+    console.print(f"approved {call_id}")
+
+
+@app.command()
+def deny(
+    call_id: str,
+    reason: Annotated[str, typer.Option("--reason", help="What the model is told.")],
+    by: Annotated[str | None, typer.Option("--by", help="Who answers (default: $USER).")] = None,
+) -> None:
+    """Deny a tool call waiting for an answer: the model gets an error with the reason."""
+    _client().deny(call_id, reason=reason, by=by)
+    console.print(f"denied {call_id}")
+
+
 @app.command()
 def server(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",

@@ -16,7 +16,7 @@ from sqlmodel import Session, col, select
 from orchestrator import registry
 from orchestrator.celery_conf import make_celery
 from orchestrator.dispatch import CeleryDispatcher
-from orchestrator.engine import conversations, inbox
+from orchestrator.engine import approvals, conversations, inbox
 from orchestrator.engine.actions import Dispatcher, TakeCheckpoint
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
@@ -50,11 +50,13 @@ from schemas import (
     TERMINAL_TURN_EVENTS,
     AgentSpec,
     Budget,
+    Decision,
     Event,
     JobRequest,
     JobStatus,
     Message,
     MessageOptions,
+    PendingApproval,
     TodoItem,
     TurnStatus,
     Usage,
@@ -319,6 +321,47 @@ class Client:
                 return archived(session, conv.root_id, handle)
             except LookupError:
                 raise ToolOutputNotFound(handle) from None
+
+    def approve(self, call_id: str, *, note: str | None = None, by: str | None = None) -> None:
+        """Approve a tool call waiting for a person's answer: it runs, and its
+        turn goes on. ``by`` names who answered in ``tool.approved`` (default:
+        this process's user). The answer is stored in Postgres before the
+        call is sent (the sweeper re-sends it if this process dies). Raises
+        :class:`~orchestrator.errors.ApprovalNotFound` for an unknown call
+        and :class:`~orchestrator.errors.ConflictError` for one already
+        answered (the first answer stands) or no longer waiting."""
+        self._answer(call_id, Decision.APPROVED, by, note)
+
+    def deny(self, call_id: str, *, reason: str, by: str | None = None) -> None:
+        """Deny a tool call waiting for a person's answer: it never runs, and
+        the model gets an error result with ``reason`` (``tool.denied``).
+        Raises as :meth:`approve`."""
+        self._answer(call_id, Decision.DENIED, by, reason)
+
+    def _answer(self, call_id: str, decision: Decision, by: str | None, text: str | None) -> None:
+        actions = approvals.answer(self.runtime, _id(call_id, "call_id"), decision, by, text)
+        self.dispatcher.send(actions)
+
+    def pending_approvals(
+        self,
+        *,
+        conversation_id: str | None = None,
+        agent: str | None = None,
+        tool: str | None = None,
+    ) -> list[PendingApproval]:
+        """The tool calls waiting for a person's answer, oldest first:
+        those of ``conversation_id`` (or of the tree it is the root of), of
+        conversations running ``agent``, of ``tool``, when given."""
+        conversation_id, agent, tool = (
+            None if value is None else _id(value, field)
+            for value, field in (
+                (conversation_id, "conversation_id"),
+                (agent, "agent"),
+                (tool, "tool"),
+            )
+        )
+        with self.runtime.session() as session:
+            return approvals.pending(session, conversation_id, agent, tool)
 
     def close(self) -> None:
         if "streams" in self.__dict__:

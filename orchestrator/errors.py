@@ -19,6 +19,9 @@
     │   ├── JobNotFinishedError   the job's turn still runs
     │   ├── AuthenticationError   no valid token (HTTP API)
     │   ├── PermissionDeniedError the token's scope does not allow it
+    │   ├── ApprovalNotFound      no tool call by that id
+    │   ├── ConflictError         the state changed under the request (a call
+    │   │                         already answered, or no longer waiting)
     │   └── ConfigurationError    settings missing or contradictory
     └── AgentRunError             something failed while running
         ├── ModelError            the model API failed (status, body)
@@ -172,6 +175,17 @@ class ConversationBusyError(UserError):
         super().__init__(
             f"conversation {conversation_id!r} is running a turn; wait for it to finish"
         )
+
+
+class ApprovalNotFound(UserError):
+    def __init__(self, call_id: str) -> None:
+        self.call_id = call_id
+        super().__init__(f"no tool call {call_id!r}")
+
+
+class ConflictError(UserError):
+    """The request lost to a change made before it: a call answered twice
+    (the first answer stands), or a call no longer waiting for one."""
 
 
 class ConfigurationError(UserError):

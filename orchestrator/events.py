@@ -85,6 +85,7 @@ PREVIEWED = {
     EventName.SUBAGENT_FAILED: "result",
     EventName.SUBAGENT_STOPPED: "result",
     EventName.TOOL_REQUESTED: "params",
+    EventName.TOOL_APPROVAL_REQUESTED: "params",
     EventName.SUBAGENT_REQUESTED: "params",
     EventName.ASSISTANT_MESSAGE: "text",
     EventName.AGENT_HANDOFF: "message",

@@ -1,5 +1,6 @@
 """Pure data contracts of Chorus: no I/O, no Celery, no SQL."""
 
+from schemas.approvals import Decision, PendingApproval
 from schemas.content import (
     ContentBlock,
     Message,
@@ -23,12 +24,14 @@ __all__ = [
     "Budget",
     "ContentBlock",
     "ConversationState",
+    "Decision",
     "Event",
     "EventName",
     "JobRequest",
     "JobStatus",
     "Message",
     "MessageOptions",
+    "PendingApproval",
     "RateLimit",
     "RawBlock",
     "RetryPolicy",

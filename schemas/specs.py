@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from schemas.content import Frozen
 
@@ -54,6 +54,14 @@ class ToolSpec(Frozen):
     parallelizable: bool = True
     queue: str = "tools"
     timeout: float = Field(default=300.0, gt=0)
+    approval: bool = Field(
+        default=False, description="Every call waits for a person's answer before it runs"
+    )
+    approval_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds a call waits for an answer before it is denied (None: no limit)",
+    )
 
 
 class RetryPolicy(Frozen):
@@ -184,6 +192,27 @@ class AgentSpec(Frozen):
         "for the read_tool_output tool",
     )
     model_settings: dict[str, Any] = Field(default_factory=dict)
+    approve: tuple[str, ...] = Field(
+        default=(),
+        description="Tools of this agent whose calls wait for a person's answer before "
+        "they run (besides tools declared with approval=True)",
+    )
+    approval_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds a call of this agent waits for an answer before it is denied "
+        "(None: no limit; a tool's own approval_timeout, if shorter, wins)",
+    )
+
+    @model_validator(mode="after")
+    def _approve_own_tools(self) -> AgentSpec:
+        foreign = [name for name in self.approve if name not in self.tools]
+        if foreign:
+            raise ValueError(
+                f"approve names {foreign}, which are not tools of agent {self.name!r} "
+                f"(its tools: {list(self.tools)})"
+            )
+        return self
 
     @field_validator("subagents", "handoffs")
     @classmethod

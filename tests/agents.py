@@ -1456,3 +1456,6 @@ class NoRetryOn5xx(Policy):
 
     def on_model_failure(self, call: ModelCall, error: ModelError) -> Stop | None:
         return Stop(f"{call.model} is down") if (error.status or 0) >= 500 else None
+
+
+from tests import approval_agents  # noqa: E402, F401  (the approval tests' tools and agents)

@@ -152,6 +152,13 @@ register_script(
 
 
 register_script(
+    "readme-accountant",
+    [
+        Reply.call(call("pay_invoice", invoice="INV-7", amount=120)),
+        lambda ms: Reply.say("Paid: " + _tool_results(ms)[-1]),
+    ],
+)
+register_script(
     "readme-travel-agent",
     [
         Reply.call(

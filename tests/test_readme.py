@@ -157,7 +157,7 @@ def test_the_python_client_blocks_run_against_the_fleet(
                 clients.append(namespace["client"])
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 12
+    assert len(ran) == 13
     assert namespace["refused"] == ["model_settings.api_base"]
     assert namespace["planned"].result() == "Lisbon, three nights, booked."
     assert [(i.id, i.status) for i in namespace["planned"].plan()] == [
@@ -166,6 +166,8 @@ def test_the_python_client_blocks_run_against_the_fleet(
     ]
     assert len(namespace["updates"]) == 3
     assert namespace["handed"].result() == "Done: order 42 refunded"
+    assert namespace["paying"].result() == "Paid: paid INV-7: 120.00 EUR"
+    assert namespace["asked"].arguments == {"invoice": "INV-7", "amount": 120}
     assert namespace["handed"].status().agent == "billing"
     assert namespace["switch"] == [
         {

@@ -9,7 +9,9 @@ twice as long as the last, and past ``max_redispatches`` the turn fails.
 
 Each sweep also drops the broker's phantom work (unacknowledged messages
 of a dead worker whose position is already done) and starts the next
-queued message of any idle conversation whose dequeue was lost. It also
+queued message of any idle conversation whose dequeue was lost, and denies
+tool calls whose wait for a person's answer passed its deadline
+(:mod:`orchestrator.engine.approvals`; a waiting call is not stalled). It also
 finishes stops: a job marked stopping whose turn still runs (the stopping
 process died midway), and a job past its wall-time budget whose
 ``chorus.deadline`` task was lost.
@@ -46,6 +48,7 @@ from orchestrator.engine.actions import (
     position_of,
     step_task_id,
 )
+from orchestrator.engine.approvals import expire as expire_approvals
 from orchestrator.engine.broker import BrokerView, Delivered
 from orchestrator.engine.cancel import deadline, resume_stop
 from orchestrator.engine.cursor import finish_turn, is_current
@@ -55,7 +58,14 @@ from orchestrator.errors import ChorusError, UnknownToolError
 from orchestrator.readers import count_readers
 from orchestrator.runtime import Runtime
 from orchestrator.store.clock import NOW, db_now, shifted
-from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, table
+from orchestrator.store.tables import (
+    AWAITING_APPROVAL,
+    CALL_FINISHED,
+    Conversation,
+    ToolCallRow,
+    Turn,
+    table,
+)
 from schemas import ConversationState, EventName, TurnStatus
 
 log = logging.getLogger(__name__)
@@ -86,7 +96,13 @@ def _segment_action(
             return None  # its child answers it; the child is swept on its own
         if c.started_at and c.started_at + timedelta(seconds=_tool_timeout(c.tool) + stall) > now:
             return None  # still inside its own timeout
-    tasks = tuple(ToolTask(c.id, c.tool, c.queue) for c in calls if c.status not in CALL_FINISHED)
+    tasks = tuple(
+        ToolTask(c.id, c.tool, c.queue)
+        for c in calls
+        if c.status not in CALL_FINISHED and c.status != AWAITING_APPROVAL
+    )
+    if not tasks and any(c.status == AWAITING_APPROVAL for c in calls):
+        return None  # waits for a person's answer (engine/approvals.py), not stalled
     finished = [c.finished_at for c in calls if c.finished_at is not None]
     if not tasks and finished and max(finished) + timedelta(seconds=stall) > now:
         return None  # the last call just ended: its worker is sending the advance
@@ -304,6 +320,7 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
     if dropped:
         log.info("dropped %d unacknowledged broker messages of finished work", dropped)
     actions.extend(waiting_inboxes(rt, stall, limit))
+    actions.extend(expire_approvals(rt, limit))
     return actions + _finish_stops(rt, limit)
 
 

@@ -11,6 +11,7 @@ from sqlmodel import Session
 
 from orchestrator import registry
 from orchestrator.engine.actions import Action, RunSegment, ToolTask
+from orchestrator.engine.approvals import hold
 from orchestrator.engine.callpolicies import tool_call, tool_policies, tool_refusal
 from orchestrator.engine.cancel import cancel_watch
 from orchestrator.engine.subagents import is_subagent_call, start_child
@@ -101,6 +102,8 @@ def run_tool(
     call, turn, conv = claimed
     _bind(call, turn, conv)
     spec = AgentSpec.model_validate(conv.agent_spec)
+    if hold(rt, spec, claimed):
+        return []  # waits for a person's answer, holding no slot (engine/approvals.py)
     policies = tool_policies(spec)
     refused, run = _admitted(rt, spec, policies, claimed)
     if isinstance(run, Defer):

@@ -72,6 +72,7 @@ class CallRow(NamedTuple):
     step: int
     segment: int
     status: str
+    answer: str | None  # a person's answer to a call that needed one
 
 
 #: A conversation as the engine holds it: a named operation's row, or the

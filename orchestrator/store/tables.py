@@ -13,7 +13,17 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Table, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -44,6 +54,9 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 #: Statuses of a tool call that has its one result.
 CALL_FINISHED = ("completed", "failed", "cancelled")
+#: A call waiting for a person's answer; ``approved``: answered, not yet run.
+AWAITING_APPROVAL = "awaiting"
+APPROVED = "approved"
 
 
 def utcnow() -> datetime:
@@ -214,9 +227,26 @@ class ToolCallRow(SQLModel, table=True):
     started_at: datetime | None = _time(nullable=True)
     finished_at: datetime | None = _time(nullable=True)
     created_at: datetime = _time()
+    #: Human approval (``orchestrator/engine/approvals.py``): when the call
+    #: began waiting (status ``awaiting``) and the deadline it is
+    #: denied at (None: no timeout), and the one answer (``approved`` or
+    #: ``denied``), who gave it, when, and its note or reason.
+    approval_requested_at: datetime | None = _time(nullable=True)
+    approval_deadline: datetime | None = _time(nullable=True)
+    answer: str | None = Field(default=None, max_length=16)
+    answered_by: str | None = Field(default=None, max_length=200)
+    answered_at: datetime | None = _time(nullable=True)
+    answer_note: str | None = Field(default=None, sa_type=Text)
 
     __table_args__ = (
         UniqueConstraint("turn_id", "step", "position", name="uq_chorus_tool_call_slot"),
+        # the calls waiting for a person: a small partial index (listing and deadlines)
+        Index(
+            "ix_chorus_tool_call_awaiting",
+            "approval_deadline",
+            postgresql_where=text("status = 'awaiting'"),
+            sqlite_where=text("status = 'awaiting'"),
+        ),
     )
 
 

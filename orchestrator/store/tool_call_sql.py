@@ -23,7 +23,14 @@ from orchestrator.store.dialect import returns_joined_rows, writes_in_ctes
 from orchestrator.store.fast_executor import execute
 from orchestrator.store.rows import CallRow, ConversationRow, TurnRow, columns, take
 from orchestrator.store.statements import run, unfinished
-from orchestrator.store.tables import Conversation, ToolCallRow, Turn, table, utcnow
+from orchestrator.store.tables import (
+    AWAITING_APPROVAL,
+    Conversation,
+    ToolCallRow,
+    Turn,
+    table,
+    utcnow,
+)
 from schemas import TurnStatus
 from schemas.specs import SUBAGENT_PREFIX
 
@@ -43,8 +50,9 @@ _CONVERSATION_COLUMNS = columns(ConversationRow, _CONVERSATION)
 #: expanding one (``not_in`` of a tuple): no rewriting of the SQL per run.
 _UNFINISHED = unfinished(_CALL.c.status)
 
-#: Mark the call running unless it has its result, its turn has ended, its
-#: job is being stopped, or it is a subagent call: one conditional update,
+#: Mark the call running unless it has its result, waits for a person's
+#: answer, its turn has ended, its job is being stopped, or it is a
+#: subagent call: one conditional update,
 #: so a redelivered copy racing the copy that finishes it cannot turn a
 #: finished call back into a running one (and record a second result).
 _CLAIM = (
@@ -52,6 +60,7 @@ _CLAIM = (
     .where(
         _CALL.c.id == bindparam("call_id"),
         _UNFINISHED,
+        _CALL.c.status != AWAITING_APPROVAL,  # only its answer moves it on
         ~_CALL.c.tool.startswith(SUBAGENT_PREFIX, autoescape=True),
         _TURN.c.id == _CALL.c.turn_id,
         _TURN.c.status == TurnStatus.RUNNING.value,
@@ -78,6 +87,14 @@ _TURN_AND_CONVERSATION = (
     .where(_TURN.c.id == bindparam("turn_id"), _CONVERSATION.c.id == bindparam("conversation_id"))
 )
 
+#: The call's job (its turn's, or the turn's own) has no stop mark: an
+#: update of a call under these conditions changes nothing once a stop began.
+JOB_NOT_STOPPING = (
+    _TURN.c.id == _CALL.c.turn_id,
+    _JOB.c.id == func.coalesce(_TURN.c.job_id, _TURN.c.id),
+    _JOB.c.stop_status.is_(None),
+)
+
 #: The call's one result: changes no row if a result is already there or
 #: its job is being stopped. A stop marks the job before it records the
 #: unfinished calls ``cancelled``: a result that arrives in between (a
@@ -87,13 +104,7 @@ _TURN_AND_CONVERSATION = (
 #: after its job was stopped.
 RESULT = (
     update(_CALL)
-    .where(
-        _CALL.c.id == bindparam("call_id"),
-        _UNFINISHED,
-        _TURN.c.id == _CALL.c.turn_id,
-        _JOB.c.id == func.coalesce(_TURN.c.job_id, _TURN.c.id),
-        _JOB.c.stop_status.is_(None),
-    )
+    .where(_CALL.c.id == bindparam("call_id"), _UNFINISHED, *JOB_NOT_STOPPING)
     .values(
         status=bindparam("result_status"),
         result=bindparam("result_value"),

@@ -67,6 +67,8 @@ def tool(
     parallelizable: bool = True,
     queue: str = "tools",
     timeout: float = 300.0,
+    approval: bool = False,
+    approval_timeout: float | None = None,
 ) -> Any:
     """Register a function as a tool. Use bare (``@tool``) or with options.
 
@@ -80,6 +82,11 @@ def tool(
             after every earlier call of the batch and before every later one.
         queue: the Celery queue its calls run on.
         timeout: seconds before a call is recorded as failed.
+        approval: every call waits for a person's answer before it runs
+            (``Client.approve`` / ``Client.deny``; no worker slot is held
+            while it waits); denied, the model gets an error result.
+        approval_timeout: seconds a call waits for an answer before it is
+            denied ("no answer in N s"); None: no limit.
     """
 
     def decorate(f: Callable[..., Any]) -> Tool:
@@ -93,6 +100,8 @@ def tool(
             parallelizable=parallelizable,
             queue=queue,
             timeout=timeout,
+            approval=approval,
+            approval_timeout=approval_timeout,
         )
         t = Tool(
             spec=spec,

@@ -112,6 +112,8 @@ def schema_tool(
     parallelizable: bool = True,
     queue: str = "tools",
     timeout: float = 300.0,
+    approval: bool = False,
+    approval_timeout: float | None = None,
 ) -> Tool:
     """Declare and register a tool from the JSON schema of its parameters.
 
@@ -128,7 +130,8 @@ def schema_tool(
             its first parameter (``arguments="dict"``). A parameter
             annotated :class:`~orchestrator.ToolContext` receives the call's
             context. It may be async.
-        parallelizable, queue, timeout: as for :func:`~orchestrator.tool`.
+        parallelizable, queue, timeout, approval, approval_timeout: as for
+            :func:`~orchestrator.tool`.
 
     Raises:
         ConfigurationError: the name, namespace or schema is invalid, or
@@ -147,6 +150,8 @@ def schema_tool(
         parallelizable=parallelizable,
         queue=queue,
         timeout=timeout,
+        approval=approval,
+        approval_timeout=approval_timeout,
     )
     context_param = next(iter(context_params(fn)), None)
     whole = _first_param(fn, full, context_param) if arguments == "dict" else None

@@ -9,6 +9,8 @@ a fleet test's.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -22,23 +24,30 @@ from tests.services import Services
 OPENAI_API_KEY = "sk-test-not-a-secret"
 
 
-@pytest.fixture(scope="module")
-def harness(services: Services) -> Iterator[Harness]:
+@contextmanager
+def services_harness(services: Services, **settings: Any) -> Iterator[Harness]:
     """The test agents (``tests.agents``), their scripts played by the real
-    model client, on the test services' database and Redis; the provider
-    key the fleet's workers have (the loopback model servers ask for one)."""
+    model client, on the test services' database and Redis, with
+    ``settings``; the provider key the fleet's workers have (the loopback
+    model servers ask for one)."""
     with (
         pytest.MonkeyPatch.context() as env,
         Harness(
             modules=[TEST_MODULES],
             redis_url=services.redis_url,
             database_url=services.database_url,
-            max_children=200,
-            max_depth=3,
             model_endpoints=[LOOPBACK_ENDPOINTS],
+            **settings,
         ) as h,
     ):
         env.setenv("OPENAI_API_KEY", OPENAI_API_KEY)
+        yield h
+
+
+@pytest.fixture(scope="module")
+def harness(services: Services) -> Iterator[Harness]:
+    """The shared harness (:func:`services_harness`) of a test module."""
+    with services_harness(services, max_children=200, max_depth=3) as h:
         yield h
 
 
