@@ -2,7 +2,8 @@
 
 The public API::
 
-    from orchestrator import Agent, Client, MCPServer, ToolContext, schema_tool, tool, tool_catalog
+    from orchestrator import Agent, AsyncClient, Client, MCPServer, ToolContext, schema_tool, tool
+    from orchestrator import tool_catalog
 
 Every name below is resolved lazily (:mod:`orchestrator.lazy`): ``import
 orchestrator`` loads none of them, and each loads only what it needs (the
@@ -16,6 +17,8 @@ from orchestrator.lazy import lazy_exports
 __all__ = [
     "Agent",
     "AgentRunError",
+    "AsyncClient",
+    "AsyncJob",
     "ChorusError",
     "Client",
     "ConfigurationError",
@@ -50,6 +53,8 @@ __all__ = [
 #: the error classes of :mod:`orchestrator.errors`.
 _HOMES = {
     "Agent": "orchestrator.agents",
+    "AsyncClient": "orchestrator.async_client",
+    "AsyncJob": "orchestrator.async_client",
     "Client": "orchestrator.client",
     "Job": "orchestrator.client",
     "MCPServer": "orchestrator.tools.toolsets",
@@ -66,6 +71,7 @@ _EXPORTS = {name: _HOMES.get(name, "orchestrator.errors") for name in __all__}
 
 if TYPE_CHECKING:
     from orchestrator.agents import Agent
+    from orchestrator.async_client import AsyncClient, AsyncJob
     from orchestrator.client import Client, Job
     from orchestrator.errors import (
         AgentRunError,

@@ -55,6 +55,10 @@ CASES = {
     "import orchestrator": ("import orchestrator", MODEL_AND_MCP + SERVICES),
     "import orchestrator.errors": ("import orchestrator.errors", MODEL_AND_MCP + SERVICES),
     "from orchestrator import Client": ("from orchestrator import Client", MODEL_AND_MCP),
+    "from orchestrator import AsyncClient": (
+        "from orchestrator import AsyncClient",
+        MODEL_AND_MCP,
+    ),
     "declaring tools and agents": (
         "from orchestrator import Agent, MCPServer, schema_tool, tool",
         MODEL_AND_MCP,
