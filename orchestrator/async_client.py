@@ -51,9 +51,11 @@ from orchestrator.job_reads import (
     TERMINAL_NAMES,
     Follow,
     JobIds,
+    M,
     answer,
     end_entry,
     job_status,
+    typed_output,
 )
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
@@ -327,6 +329,15 @@ class AsyncJob:
         :class:`~orchestrator.errors.JobFailedError` if the turn failed or
         was cancelled."""
         return answer(self.id, await _wait_end(self, _Deadline(self.id, args.timeout(timeout))))
+
+    async def output(
+        self, model: type[M] | None = None, *, timeout: float | None = None
+    ) -> M | Any:
+        """Wait for the turn to end; its structured answer, typed as
+        ``Job.output`` returns it (the agent's ``output`` model, ``model``,
+        or the validated JSON in a process that did not declare the agent)."""
+        await self.result(timeout)
+        return typed_output(await self.status(), model)
 
     def events(
         self, since: int | None = None, *, timeout: float | None = None, deltas: bool = True

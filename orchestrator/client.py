@@ -27,9 +27,11 @@ from orchestrator.job_reads import (
     Follow,
     HeldDeltas,
     JobIds,
+    M,
     answer,
     end_entry,
     job_status,
+    typed_output,
 )
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
@@ -266,6 +268,18 @@ class Job:
         was cancelled.
         """
         return answer(self.id, _wait_end(self, _timeout(timeout)))
+
+    def output(self, model: type[M] | None = None, *, timeout: float | None = None) -> M | Any:
+        """Wait for the turn to end (as :meth:`result`); return its
+        structured answer, an instance of the agent's ``output`` model.
+
+        ``model`` validates it into that class; without it, the class the
+        agent was declared with in this process is used, and a process that
+        did not declare the agent gets the validated JSON (a dict). Raises
+        :class:`~orchestrator.errors.NoStructuredOutputError` if the agent
+        declares no output, besides :meth:`result`'s errors."""
+        self.result(timeout)
+        return typed_output(self.status(), model)
 
     def events(
         self, since: int | None = None, *, timeout: float | None = None, deltas: bool = True

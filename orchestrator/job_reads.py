@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import bindparam
 from sqlmodel import Session, col, select
 
-from orchestrator.errors import JobFailedError
+from orchestrator import registry
+from orchestrator.errors import JobFailedError, NoStructuredOutputError, invalid
 from orchestrator.events import CUT, ENTRY_EVENT, row_to_event, snapshot_bound, visible_below
 from orchestrator.store.tables import EventRow, Turn, table
 from schemas import TERMINAL_TURN_EVENTS, Event, JobStatus, TurnStatus, Usage
@@ -251,3 +253,28 @@ class Follow:
                 self.announced = max(self.announced, event.seq)
                 stale = True
         return out, stale
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def typed_output(status: JobStatus, model: type[M] | None = None) -> M | Any:
+    """A completed job's structured answer: validated into ``model`` if
+    given; else into the ``output`` model the agent holding the turn was
+    declared with in this process (``Agent(output=Model)``); else, in a
+    process that did not declare it (a client importing no agent module),
+    the validated JSON as the workers stored it (a dict).
+
+    Raises :class:`~orchestrator.errors.NoStructuredOutputError` if the job
+    has none (its agent declares no output), and
+    :class:`~orchestrator.errors.InvalidRequestError` if the answer does
+    not validate as ``model``."""
+    if status.structured is None:
+        raise NoStructuredOutputError(status.job_id, status.agent)
+    cls = model if model is not None else registry.output_model(status.agent)
+    if cls is None:
+        return status.structured
+    try:
+        return cls.model_validate(status.structured)
+    except ValidationError as exc:
+        raise invalid(exc, f"output of job {status.job_id} as {cls.__name__}") from None

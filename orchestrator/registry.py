@@ -15,6 +15,8 @@ import importlib
 import re
 from collections.abc import Iterable
 
+from pydantic import BaseModel
+
 from orchestrator.errors import ConfigurationError, UnknownAgentError, UnknownToolError
 from orchestrator.tools.calls import Tool
 from orchestrator.tools.mcp_server import MCPServerSpec
@@ -26,6 +28,8 @@ _tools: dict[str, Tool] = {}
 _toolsets: dict[str, MCPServerSpec] = {}
 _agents: dict[str, AgentSpec] = {}
 _loaded: set[str] = set()
+#: The pydantic model an agent declared as its ``output`` (``Agent(output=Model)``).
+_output_models: dict[str, type[BaseModel]] = {}
 #: What the fleet's workers published (:mod:`orchestrator.published`), as a
 #: client that did not import their modules learnt it: agents by name, and
 #: the names of their tools and MCP servers. Empty in a worker.
@@ -75,6 +79,17 @@ def register_agent(spec: AgentSpec) -> None:
     if existing is not None and existing != spec:
         raise ConfigurationError(f"two different agents are named {spec.name!r}")
     _agents[spec.name] = spec
+
+
+def register_output_model(agent: str, model: type[BaseModel]) -> None:
+    """Remember the class of an agent's structured output (``job.output()``
+    returns instances of it in this process)."""
+    _output_models[agent] = model
+
+
+def output_model(agent: str) -> type[BaseModel] | None:
+    """The class the agent ``agent`` declared for its output here, if any."""
+    return _output_models.get(agent)
 
 
 def get_tool(name: str) -> Tool:

@@ -4,20 +4,26 @@ many waiters on few connections."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
+from pydantic import BaseModel
 
 from orchestrator import AsyncClient, Client, Settings
 from orchestrator.errors import (
     ConversationNotFound,
     InvalidRequestError,
     JobFailedError,
+    NoStructuredOutputError,
     ToolOutputNotFound,
     UnknownAgentError,
 )
 from schemas import EventName, TurnStatus
+from tests.conftest import worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -136,3 +142,71 @@ def test_a_thousand_awaits_share_a_few_connections(settings: Settings, workers: 
     answers, held = run(settings, body)
     assert len(answers) == 1000 and all(a.startswith("waited for") for a in answers)
     assert held["postgres"] <= 5 and held["redis"] <= 6, held
+
+
+def test_typed_output_in_both_clients(settings: Settings, client: Client, workers: Any) -> None:
+    from tests.agents import Trip
+
+    async def body(ac: AsyncClient) -> tuple[Any, Any, str]:
+        job = await ac.submit("extractor", "plan a trip")
+        typed = await job.output(timeout=60)
+        quick = await ac.submit("quick", "no structure")
+        with pytest.raises(NoStructuredOutputError):
+            await quick.output(timeout=60)
+        return typed, await job.output(Trip), job.id
+
+    typed, again, job_id = run(settings, body)
+    assert typed == Trip(city="Lisbon", nights=3) and isinstance(typed, Trip)
+    assert again == typed
+    blocking = client.job(job_id)
+    assert blocking.output(timeout=5) == typed
+    with pytest.raises(InvalidRequestError):
+        blocking.output(Unrelated)  # the answer is not one
+
+
+class Unrelated(BaseModel):
+    name: str
+
+
+#: A process that imports no agent or tool module: it validates agent names
+#: against what the workers published.
+BARE = """
+import asyncio, json, sys
+from orchestrator import AsyncClient, Client, UnknownAgentError
+
+client = Client()
+sync_answer = client.submit("quick", "bare sync").result(timeout=60)
+sync_output = client.submit("extractor", "a trip").output(timeout=60)
+try:
+    client.submit("no-such-agent", "hi")
+except UnknownAgentError as exc:
+    unknown = str(exc)
+
+async def main():
+    async with AsyncClient() as ac:
+        job = await ac.submit("quick", "bare async")
+        return await job.result(timeout=60)
+
+print(json.dumps({
+    "sync": sync_answer,
+    "async": asyncio.run(main()),
+    "output": sync_output,
+    "unknown": unknown,
+    "imported": sorted(m for m in sys.modules if m.startswith("tests")),
+}))
+"""
+
+
+def test_a_client_importing_no_agent_module_submits_by_name(
+    settings: Settings, workers: Any
+) -> None:
+    env = worker_env(settings, CHORUS_MODULES="")
+    out = subprocess.run(
+        [sys.executable, "-c", BARE], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["sync"] == "ok: bare sync" and found["async"] == "ok: bare async"
+    assert found["output"] == {"city": "Lisbon", "nights": 3}  # no Trip class here: its JSON
+    assert "no-such-agent" in found["unknown"] and "'quick'" in found["unknown"]
+    assert found["imported"] == []
