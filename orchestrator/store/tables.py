@@ -84,7 +84,7 @@ class Conversation(SQLModel, table=True):
     cursor_segment: int = -1
     version: int = 0
     progress_at: datetime = _time()
-    lease_owner: str | None = Field(default=None, max_length=200)
+    lease_owner: str | None = Field(default=None, max_length=128)
     lease_until: datetime | None = _time(nullable=True)
     #: A deferred step (retry backoff, rate limit) is due at this time; the
     #: sweeper leaves the position alone until then (plus the stall timeout).
