@@ -157,7 +157,8 @@ def test_the_python_client_blocks_run_against_the_fleet(
                 clients.append(namespace["client"])
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 12
+    assert len(ran) == 14
+    assert type(namespace["trip"]).__name__ == "Trip" and namespace["trip"].nights == 3
     assert namespace["refused"] == ["model_settings.api_base"]
     assert namespace["planned"].result() == "Lisbon, three nights, booked."
     assert [(i.id, i.status) for i in namespace["planned"].plan()] == [
@@ -261,7 +262,7 @@ def test_each_benchmark_command_starts() -> None:
     # must start from the repository root: --help shows its options
     (block,) = [b for b in readme.blocks() if _first(b) in NOT_RUN and "bench/" in b.body]
     commands = [line.split("#")[0].strip() for line in block.body.strip().splitlines()]
-    assert len(commands) == 9
+    assert len(commands) == 10
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
     for command in commands:
         out = _run_bash(
