@@ -201,15 +201,8 @@ class AsyncClient:
         priority: int = DEFAULT_PRIORITY,
     ) -> AsyncJob:
         """Start a turn: as :meth:`Client.submit <orchestrator.client.Client.submit>`."""
-        request = args.job_request(
-            agent,
-            input,
-            conversation_id=conversation_id,
-            context_data=context_data,
-            idempotency_key=idempotency_key,
-            budget=budget,
-            priority=priority,
-        )
+        options = (conversation_id, context_data, idempotency_key, budget, priority)
+        request = args.job_request(agent, input, *options)
         ref, actions = await self._run(ops.submit, self.runtime, request)
         await self._send(actions)
         return AsyncJob(self, ref)

@@ -119,15 +119,8 @@ class Client:
         :class:`~orchestrator.errors.UnknownToolError` or
         :class:`~orchestrator.errors.InvalidRequestError` at once.
         """
-        request = args.job_request(
-            agent,
-            input,
-            conversation_id=conversation_id,
-            context_data=context_data,
-            idempotency_key=idempotency_key,
-            budget=budget,
-            priority=priority,
-        )
+        options = (conversation_id, context_data, idempotency_key, budget, priority)
+        request = args.job_request(agent, input, *options)
         ref, actions = ops.submit(self.runtime, request)
         self.dispatcher.send(actions)
         return Job(self, ref)

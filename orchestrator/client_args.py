@@ -72,7 +72,6 @@ def flag(value: object, field: str) -> bool:
 def job_request(
     agent: str | AgentSpec,
     input: str,
-    *,
     conversation_id: str | None,
     context_data: dict[str, Any] | None,
     idempotency_key: str | None,

@@ -60,26 +60,10 @@ def test_good_arguments_pass() -> None:
 
 def test_requests_are_checked_as_submit_and_send_check_them() -> None:
     with pytest.raises(InvalidRequestError):
-        args.job_request(
-            "quick",
-            "hi",
-            conversation_id=None,
-            context_data=None,
-            idempotency_key=None,
-            budget=None,
-            priority=42,
-        )
+        args.job_request("quick", "hi", None, None, None, None, 42)
     with pytest.raises(InvalidRequestError):
         args.message_options(None, None, -1)
-    request = args.job_request(
-        "quick",
-        "hi",
-        conversation_id=None,
-        context_data=None,
-        idempotency_key="k",
-        budget=None,
-        priority=5,
-    )
+    request = args.job_request("quick", "hi", None, None, "k", None, 5)
     assert request.context_data == {} and request.idempotency_key == "k"
 
 
