@@ -125,7 +125,9 @@ class AsyncClient:
     Use it as ``async with AsyncClient() as client:`` or call
     :meth:`close`. It checks its arguments as ``Client`` does and raises the
     same errors. Postgres only (psycopg's async driver); the embedded
-    SQLite of ``chorus local`` needs the blocking ``Client``.
+    SQLite of ``chorus local`` needs the blocking ``Client``. A client
+    belongs to the event loop that first uses it (its connections and
+    tasks live there): make one per loop.
 
     Args:
         settings: defaults to :func:`~orchestrator.settings.load_settings`.

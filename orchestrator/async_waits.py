@@ -90,9 +90,12 @@ class AsyncStreamReader:
     ) -> AsyncIterator[AsyncSubscription]:
         """Follow ``stream`` from its current end while the block runs."""
         subscription = AsyncSubscription(names)
-        tail: Any = await self._commands.xrevrange(stream, count=1)
-        # A stream already followed keeps its (earlier) cursor.
-        followed = self._streams.setdefault(stream, Followed(str(tail[0][0]) if tail else "0-0"))
+        followed = self._streams.get(stream)
+        if followed is None:  # one already followed keeps its (earlier) cursor: no read
+            tail: Any = await self._commands.xrevrange(stream, count=1)
+            followed = self._streams.setdefault(
+                stream, Followed(str(tail[0][0]) if tail else "0-0")
+            )
         followed.subscriptions.add(subscription)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="chorus-async-streams")
