@@ -14,7 +14,7 @@ Many waiters share one live-stream reader and one Postgres checker per
 client (:mod:`orchestrator.async_waits`): ten thousand ``await
 job.result()`` hold one ``XREAD`` connection, a pool of at most four Redis
 connections for short commands, and at most ``db_pool_size +
-db_pool_overflow`` Postgres connections.
+db_pool_overflow`` Postgres connections, kept open once opened.
 """
 
 from __future__ import annotations
@@ -148,8 +148,10 @@ class AsyncClient:
         self.engine = create_async_engine(
             self.settings.db_url,
             connect_args={"application_name": self.name},
-            pool_size=self.settings.db_pool_size,
-            max_overflow=self.settings.db_pool_overflow,
+            # every connection it may open is kept: a burst of waiters reading
+            # their status closed and reopened overflow ones by the thousand
+            pool_size=self.settings.db_pool_size + self.settings.db_pool_overflow,
+            max_overflow=0,
             pool_use_lifo=True,
         )
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")

@@ -27,6 +27,9 @@ from orchestrator.turn_ends import CHUNK, ENDED_ANY, EVERY
 
 log = logging.getLogger(__name__)
 
+#: Seconds a client's close waits for each Redis client to close.
+CLOSE_WITHIN = 5.0
+
 
 class AsyncSubscription:
     """The entries of one stream since this subscription started (only
@@ -80,8 +83,12 @@ class AsyncStreamReader:
                 url, decode_responses=True, max_connections=4, timeout=None, client_name=name
             )
         )
-        self._reader = aioredis.Redis.from_url(
-            url, decode_responses=True, single_connection_client=True, client_name=name
+        # a pool of one, not a single-connection client: a read cancelled
+        # by close() drops its connection instead of holding a lock
+        self._reader = aioredis.Redis(
+            connection_pool=aioredis.ConnectionPool.from_url(
+                url, decode_responses=True, max_connections=1, client_name=name
+            )
         )
 
     @asynccontextmanager
@@ -113,8 +120,9 @@ class AsyncStreamReader:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._reader.aclose()
-        await self._commands.aclose()
+        for client in (self._reader, self._commands):
+            with contextlib.suppress(TimeoutError):  # never hang a close
+                await asyncio.wait_for(client.aclose(), CLOSE_WITHIN)
 
     async def _run(self) -> None:
         while True:
