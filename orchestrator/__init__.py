@@ -2,7 +2,8 @@
 
 The public API::
 
-    from orchestrator import Agent, Client, MCPServer, ToolContext, schema_tool, tool, tool_catalog
+    from orchestrator import Agent, AsyncClient, Client, MCPServer, ToolContext, schema_tool, tool
+    from orchestrator import tool_catalog
 
 Every name below is resolved lazily (:mod:`orchestrator.lazy`): ``import
 orchestrator`` loads none of them, and each loads only what it needs (the
@@ -17,6 +18,8 @@ __all__ = [
     "Agent",
     "AgentRunError",
     "ApprovalNotFound",
+    "AsyncClient",
+    "AsyncJob",
     "ChorusError",
     "Client",
     "ConfigurationError",
@@ -30,6 +33,7 @@ __all__ = [
     "MCPServerSpec",
     "ModelBehaviorError",
     "ModelError",
+    "NoStructuredOutputError",
     "PatternTimeoutError",
     "SecretInSettingsError",
     "ServiceUnavailableError",
@@ -52,6 +56,8 @@ __all__ = [
 #: the error classes of :mod:`orchestrator.errors`.
 _HOMES = {
     "Agent": "orchestrator.agents",
+    "AsyncClient": "orchestrator.async_client",
+    "AsyncJob": "orchestrator.async_client",
     "Client": "orchestrator.client",
     "Job": "orchestrator.client",
     "MCPServer": "orchestrator.tools.toolsets",
@@ -68,6 +74,7 @@ _EXPORTS = {name: _HOMES.get(name, "orchestrator.errors") for name in __all__}
 
 if TYPE_CHECKING:
     from orchestrator.agents import Agent
+    from orchestrator.async_client import AsyncClient, AsyncJob
     from orchestrator.client import Client, Job
     from orchestrator.errors import (
         AgentRunError,
@@ -81,6 +88,7 @@ if TYPE_CHECKING:
         JobFailedError,
         ModelBehaviorError,
         ModelError,
+        NoStructuredOutputError,
         PatternTimeoutError,
         SecretInSettingsError,
         ServiceUnavailableError,

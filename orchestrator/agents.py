@@ -94,7 +94,9 @@ def Agent(
         budget: the default budget of jobs on this agent (over their tree).
         output: a pydantic model or JSON schema of a structured final answer:
             the model gets a ``final_answer`` tool taking it, and the job's
-            ``status().structured`` carries the validated object.
+            ``status().structured`` carries the validated object (as JSON);
+            ``job.output()`` returns it as an instance of the model, in a
+            process that declared the agent (see :func:`~orchestrator.job_reads.typed_output`).
         output_retries: invalid structured answers the model may correct
             before the turn fails.
         context: names of registered context transformers shaping what the
@@ -152,6 +154,8 @@ def Agent(
     check_policies(spec.policies)
     check_unique(offered_names(spec), f"agent {name!r}")
     registry.register_agent(spec)
+    if isinstance(output, type):
+        registry.register_output_model(name, output)
     return spec
 
 

@@ -169,6 +169,19 @@ class ToolOutputNotFound(UserError):
         super().__init__(f"no archived tool output {handle!r} in this conversation's tree")
 
 
+class NoStructuredOutputError(UserError):
+    """``job.output()`` of a job whose agent declares no ``output`` model
+    (its answer is text: ``job.result()``)."""
+
+    def __init__(self, job_id: str, agent: str) -> None:
+        self.job_id = job_id
+        self.agent = agent
+        super().__init__(
+            f"job {job_id} has no structured output: agent {agent!r} declares no output "
+            "model (Agent(output=...)); read its text with result()"
+        )
+
+
 class ConversationBusyError(UserError):
     def __init__(self, conversation_id: str) -> None:
         self.conversation_id = conversation_id

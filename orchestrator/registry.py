@@ -15,6 +15,8 @@ import importlib
 import re
 from collections.abc import Iterable
 
+from pydantic import BaseModel
+
 from orchestrator.errors import ConfigurationError, UnknownAgentError, UnknownToolError
 from orchestrator.tools.calls import Tool
 from orchestrator.tools.mcp_server import MCPServerSpec
@@ -26,6 +28,14 @@ _tools: dict[str, Tool] = {}
 _toolsets: dict[str, MCPServerSpec] = {}
 _agents: dict[str, AgentSpec] = {}
 _loaded: set[str] = set()
+#: The pydantic model an agent declared as its ``output`` (``Agent(output=Model)``).
+_output_models: dict[str, type[BaseModel]] = {}
+#: What the fleet's workers published (:mod:`orchestrator.published`), as a
+#: client that did not import their modules learnt it: agents by name, and
+#: the names of their tools and MCP servers. Empty in a worker.
+_published_agents: dict[str, AgentSpec] = {}
+_published_tools: set[str] = set()
+_published_toolsets: set[str] = set()
 
 
 def register_tool(t: Tool) -> None:
@@ -71,6 +81,17 @@ def register_agent(spec: AgentSpec) -> None:
     _agents[spec.name] = spec
 
 
+def register_output_model(agent: str, model: type[BaseModel]) -> None:
+    """Remember the class of an agent's structured output (``job.output()``
+    returns instances of it in this process)."""
+    _output_models[agent] = model
+
+
+def output_model(agent: str) -> type[BaseModel] | None:
+    """The class the agent ``agent`` declared for its output here, if any."""
+    return _output_models.get(agent)
+
+
 def get_tool(name: str) -> Tool:
     """The tool ``name``: a registered function, or ``<server>.<tool>`` of a
     registered MCP server (a registered function of that name wins)."""
@@ -93,10 +114,40 @@ def get_toolset(name: str) -> MCPServerSpec:
 
 
 def get_agent(name: str) -> AgentSpec:
-    try:
-        return _agents[name]
-    except KeyError:
-        raise UnknownAgentError(name, list(_agents)) from None
+    """The agent ``name``: declared here, else as the workers published it."""
+    found = _agents.get(name) or _published_agents.get(name)
+    if found is None:
+        raise UnknownAgentError(name, sorted({*_agents, *_published_agents}))
+    return found
+
+
+def set_published(
+    agents: Iterable[AgentSpec], tools: Iterable[str], toolsets: Iterable[str]
+) -> None:
+    """Know what the workers published (replacing what was known)."""
+    _published_agents.clear()
+    _published_agents.update((spec.name, spec) for spec in agents)
+    _published_tools.clear()
+    _published_tools.update(tools)
+    _published_toolsets.clear()
+    _published_toolsets.update(toolsets)
+
+
+def only_published(spec: AgentSpec) -> bool:
+    """Is ``spec`` an agent the workers published and this process did not
+    declare? (Its policies, context transformers and checkpoint strategy
+    are the workers' and were checked there.)"""
+    return spec.name not in _agents and _published_agents.get(spec.name) == spec
+
+
+def knows_agent(name: str) -> bool:
+    """Is ``name`` declared here or published?"""
+    return name in _agents or name in _published_agents
+
+
+def _tool_known(name: str) -> bool:
+    """Published as a tool, or as a tool of a published MCP server."""
+    return name in _published_tools or name.partition(".")[0] in _published_toolsets
 
 
 def tool_names() -> list[str]:
@@ -115,10 +166,11 @@ def check_agent(spec: AgentSpec) -> None:
     """Raise :class:`UnknownToolError` or :class:`UnknownAgentError` if the
     spec names an unregistered tool, MCP server, subagent or handoff target."""
     for name in spec.tools:
-        if name != READ_TOOL_OUTPUT:  # the built-in, asked for on every step
+        if name != READ_TOOL_OUTPUT and not _tool_known(name):  # the built-in: every step
             get_tool(name)
     for name in spec.toolsets:
-        get_toolset(name)
+        if name not in _published_toolsets:
+            get_toolset(name)
     for name in (*spec.subagents, *spec.handoffs):
         get_agent(name)
 

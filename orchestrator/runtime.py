@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from functools import cached_property
 
 import redis
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session
 
 from orchestrator.errors import ConfigurationError
@@ -30,6 +30,9 @@ class Runtime:
     def __init__(self, settings: Settings, model: ModelClient | None = None) -> None:
         self.settings = settings
         self.model: ModelClient = model if model is not None else LiteLLMClient()
+        #: The engine sessions use; None: the process's pool for the
+        #: settings' URL (the async client binds its async driver's here).
+        self.engine: Engine | None = None
 
     @cached_property
     def redis(self) -> redis.Redis:
@@ -50,14 +53,14 @@ class Runtime:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        with session_scope(self.settings.db_url, pool=self.pool) as s:
+        with session_scope(self.settings.db_url, pool=self.pool, engine=self.engine) as s:
             yield s
 
     @contextmanager
     def autocommit(self) -> Iterator[Connection]:
         """A connection whose every statement commits as it runs: for reads
         and single-statement writes, without ``BEGIN``/``COMMIT`` round trips."""
-        with autocommit_scope(self.settings.db_url, pool=self.pool) as connection:
+        with autocommit_scope(self.settings.db_url, self.pool, engine=self.engine) as connection:
             yield connection
 
     @contextmanager
@@ -74,7 +77,7 @@ class Runtime:
         events recorded earlier (a claim, an admission) that are stored with
         this transaction."""
         outbox = outbox if outbox is not None else Outbox()
-        with session_scope(self.settings.db_url, pool=self.pool) as s:
+        with session_scope(self.settings.db_url, pool=self.pool, engine=self.engine) as s:
             yield s, outbox
             outbox.flush(s)
         self.publish(outbox)

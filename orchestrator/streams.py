@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import redis
 
@@ -46,6 +46,14 @@ ERROR_PAUSE = 1.0
 GATHER = 0.02
 
 
+def wanted(entries: list[Entry], names: frozenset[str] | None) -> list[Entry]:
+    """The entries of events called ``names`` (all, if None), and those
+    without a name field."""
+    if names is None:
+        return entries
+    return [e for e in entries if e[1].get(ENTRY_NAME, "") in names or ENTRY_NAME not in e[1]]
+
+
 class Subscription:
     """The entries of one stream since this subscription started.
 
@@ -61,14 +69,11 @@ class Subscription:
         self._woken = False
         self._ready = threading.Condition()
 
-    def _push(self, entries: list[Entry]) -> None:
-        if self._names is not None:
-            names = self._names
-            entries = [
-                e for e in entries if e[1].get(ENTRY_NAME, "") in names or ENTRY_NAME not in e[1]
-            ]
-            if not entries:
-                return
+    def push(self, entries: list[Entry]) -> None:
+        """Keep the wanted ``entries`` and wake the waiter."""
+        entries = wanted(entries, self._names)
+        if not entries:
+            return
         with self._ready:
             self._entries.extend(entries)
             self._ready.notify_all()
@@ -90,10 +95,21 @@ class Subscription:
             return entries
 
 
+class Pushed(Protocol):
+    """What a stream's entries are handed to."""
+
+    def push(self, entries: list[Entry]) -> None: ...
+
+
+S = TypeVar("S", bound=Pushed)
+
+
 @dataclass
-class _Followed:
+class Followed(Generic[S]):
+    """A followed stream: where its next read starts, and who gets its entries."""
+
     cursor: str
-    subscriptions: set[Subscription] = field(default_factory=set)
+    subscriptions: set[S] = field(default_factory=set)
 
 
 class StreamReader:
@@ -106,7 +122,7 @@ class StreamReader:
     def __init__(self, url: str) -> None:
         self._url = url
         self._lock = threading.Condition()
-        self._streams: dict[str, _Followed] = {}
+        self._streams: dict[str, Followed[Subscription]] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
         self._commands = redis.Redis(
@@ -124,7 +140,7 @@ class StreamReader:
         with self._lock:
             # A stream already followed keeps its (earlier) cursor: the new
             # waiter may see a few entries from before it came, never fewer.
-            followed = self._streams.setdefault(stream, _Followed(tail))
+            followed = self._streams.setdefault(stream, Followed(tail))
             followed.subscriptions.add(subscription)
             self._start()
             self._lock.notify_all()
@@ -180,10 +196,16 @@ class StreamReader:
 
     def _deliver(self, reply: list[tuple[str, list[Entry]]]) -> None:
         with self._lock:
-            for stream, entries in reply:
-                followed = self._streams.get(stream)
-                if followed is None or not entries:
-                    continue
-                followed.cursor = entries[-1][0]
-                for subscription in followed.subscriptions:
-                    subscription._push(entries)
+            deliver(self._streams, reply)
+
+
+def deliver(streams: dict[str, Followed[Any]], reply: list[tuple[str, list[Entry]]]) -> None:
+    """Hand each stream's entries of an XREAD ``reply`` to its subscriptions
+    and move its cursor past them."""
+    for stream, entries in reply:
+        followed = streams.get(stream)
+        if followed is None or not entries:
+            continue
+        followed.cursor = entries[-1][0]
+        for subscription in followed.subscriptions:
+            subscription.push(entries)

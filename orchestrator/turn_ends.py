@@ -36,10 +36,10 @@ _FINISHED = _TURN.c.status != TurnStatus.RUNNING.value
 #: construction). Postgres: the ids as one array parameter, so the SQL text
 #: is the same whatever their number; an expanding ``IN`` (SQLite) renders
 #: and parses a new statement per count.
-_ENDED_ANY = select(_TURN.c.id).where(
+ENDED_ANY = select(_TURN.c.id).where(
     _TURN.c.id == any_(bindparam("ids", type_=ARRAY(String))), _FINISHED
 )
-_ENDED_IN = select(_TURN.c.id).where(_TURN.c.id.in_(bindparam("ids", expanding=True)), _FINISHED)
+ENDED_IN = select(_TURN.c.id).where(_TURN.c.id.in_(bindparam("ids", expanding=True)), _FINISHED)
 
 
 class TurnEnds:
@@ -116,7 +116,7 @@ class TurnEnds:
     def _ended(self, ids: list[str]) -> list[str]:
         ended: list[str] = []
         with self._runtime.autocommit() as connection:
-            statement = _ENDED_ANY if binds_arrays(connection) else _ENDED_IN
+            statement = ENDED_ANY if binds_arrays(connection) else ENDED_IN
             for start in range(0, len(ids), CHUNK):
                 rows = connection.execute(statement, {"ids": ids[start : start + CHUNK]})
                 ended.extend(row[0] for row in rows)

@@ -157,7 +157,8 @@ def test_the_python_client_blocks_run_against_the_fleet(
                 clients.append(namespace["client"])
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 13
+    assert len(ran) == 15
+    assert type(namespace["trip"]).__name__ == "Trip" and namespace["trip"].nights == 3
     assert namespace["refused"] == ["model_settings.api_base"]
     assert namespace["planned"].result() == "Lisbon, three nights, booked."
     assert [(i.id, i.status) for i in namespace["planned"].plan()] == [

@@ -17,7 +17,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from orchestrator import registry
+from orchestrator import published, registry
 from orchestrator.celery_conf import QUEUES, make_celery
 from orchestrator.liveness import start_heartbeat, touch
 from orchestrator.llm.call import warm
@@ -68,12 +68,15 @@ def prepare_worker(instance: Any = None, **_: Any) -> None:
 def announce_queues(settings: Settings) -> tuple[Any, Any]:
     """Signal handlers announcing the queues a worker reads while it runs
     (:mod:`orchestrator.readers`), from its main process, on a runtime of
-    their own (a prefork child never uses its connection)."""
+    their own (a prefork child never uses its connection); when it is
+    ready, it first publishes its registrations (:mod:`orchestrator.published`)."""
     announcers: list[Announcer] = []
 
     def ready(sender: Any = None, **_: Any) -> None:
         queues = list(sender.app.amqp.queues.consume_from)
-        announcers.append(Announcer(Runtime(settings), sender.hostname, queues).start())
+        rt = Runtime(settings)
+        published.publish_quietly(rt)  # what clients validate agent names against
+        announcers.append(Announcer(rt, sender.hostname, queues).start())
 
     def shutdown(**_: Any) -> None:
         while announcers:

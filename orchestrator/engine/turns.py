@@ -53,10 +53,11 @@ def _check_tree(spec: AgentSpec, seen: set[str]) -> None:
     seen.add(spec.name)
     check_spec(spec)
     registry.check_agent(spec)
-    check_policies(spec.policies)
-    for name in spec.context:
-        transformer(spec, name)
-    strategy_of(spec)
+    if not registry.only_published(spec):  # else the workers checked these
+        check_policies(spec.policies)
+        for name in spec.context:
+            transformer(spec, name)
+        strategy_of(spec)
     for name in (*spec.subagents, *spec.handoffs):
         if name not in seen:
             _check_tree(registry.get_agent(name), seen)

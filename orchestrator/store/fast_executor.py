@@ -32,7 +32,8 @@ as compiled (an expanding ``IN`` parameter), when the engine has execute,
 cursor or error listeners (they are given SQLAlchemy's execution context),
 when the connection has a schema translation, when SQLAlchemy's SQL
 logging is on, on a dialect without named ``%(name)s`` parameters
-(SQLite), and on a SQLAlchemy without the connection's error handling used
+(SQLite) or with an async driver (the AsyncClient's, awaited through
+SQLAlchemy's greenlet bridge), and on a SQLAlchemy without the connection's error handling used
 here.
 """
 
@@ -227,8 +228,8 @@ def _observed(connection: Connection) -> bool:
 def _prepare(statement: Executable, dialect: Dialect) -> _Prepared | None:
     """The statement compiled for ``dialect``, with the bind processors of
     its parameters; None if it must run through SQLAlchemy."""
-    if not _USABLE or dialect.paramstyle != "pyformat":
-        return None
+    if not _USABLE or dialect.paramstyle != "pyformat" or dialect.is_async:
+        return None  # an async driver's cursor (AsyncClient) is awaited by SQLAlchemy
     compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
     if not isinstance(compiled, SQLCompiler) or (
         compiled.post_compile_params or compiled.literal_execute_params

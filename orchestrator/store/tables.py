@@ -287,3 +287,18 @@ def table(model: type[SQLModel]) -> Table:
     found = model.__table__  # type: ignore[attr-defined]
     assert isinstance(found, Table)
     return found
+
+
+class RegistrationRow(SQLModel, table=True):
+    """What a worker registered, written when it starts (upserted): an
+    agent (its spec's JSON, output schema included), a tool or an MCP
+    server (a name). Clients validate named agents against these rows
+    instead of importing the workers' modules
+    (:mod:`orchestrator.published`)."""
+
+    __tablename__ = "chorus_registration"
+
+    kind: str = Field(primary_key=True, max_length=16)
+    name: str = Field(primary_key=True, max_length=200)
+    spec: dict[str, Any] | None = _json()
+    updated_at: datetime = _time()

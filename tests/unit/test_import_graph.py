@@ -55,6 +55,7 @@ LAYERS = {
     # what a process shares (connections, the model client); which queues workers read
     "orchestrator.runtime": "runtime",
     "orchestrator.readers": "runtime",
+    "orchestrator.published": "runtime",
     # around model and tool calls
     "orchestrator.policies": "policies",
     "orchestrator.ratelimit": "policies",
@@ -64,6 +65,11 @@ LAYERS = {
     # the public API
     "orchestrator": "api",
     "orchestrator.client": "api",
+    "orchestrator.client_args": "api",
+    "orchestrator.client_ops": "api",
+    "orchestrator.job_reads": "api",
+    "orchestrator.async_client": "api",
+    "orchestrator.async_waits": "api",
     "orchestrator.agents": "api",
     "orchestrator.streams": "api",
     "orchestrator.turn_ends": "api",

@@ -57,6 +57,10 @@ CASES = {
     "import orchestrator": ("import orchestrator", MODEL_AND_MCP + SERVICES + SERVER),
     "import orchestrator.errors": ("import orchestrator.errors", MODEL_AND_MCP + SERVICES),
     "from orchestrator import Client": ("from orchestrator import Client", MODEL_AND_MCP + SERVER),
+    "from orchestrator import AsyncClient": (
+        "from orchestrator import AsyncClient",
+        MODEL_AND_MCP + SERVER,
+    ),
     "declaring tools and agents": (
         "from orchestrator import Agent, MCPServer, schema_tool, tool",
         MODEL_AND_MCP,

@@ -1,7 +1,7 @@
 """the HTTP API: bearer tokens, and the tenant of a root conversation
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2026-11-27
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from orchestrator.store.tables import UTCDateTime
 
 revision = "0013"
-down_revision = "0011"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
