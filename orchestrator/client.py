@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy import bindparam
 from sqlmodel import Session, col, select
 
-from orchestrator import registry
+from orchestrator import registry, tracing
 from orchestrator.celery_conf import make_celery
 from orchestrator.dispatch import CeleryDispatcher
 from orchestrator.engine import conversations, inbox
@@ -162,6 +162,7 @@ class Client:
         idempotency_key: str | None = None,
         budget: Budget | None = None,
         priority: int = DEFAULT_PRIORITY,
+        trace_parent: str | None = None,
     ) -> Job:
         """Start a turn: run ``agent`` on ``input``.
 
@@ -174,7 +175,12 @@ class Client:
         :class:`~orchestrator.errors.UnknownAgentError`,
         :class:`~orchestrator.errors.UnknownToolError` or
         :class:`~orchestrator.errors.InvalidRequestError` at once.
+
+        ``trace_parent`` (a W3C ``traceparent``, such as an HTTP request's)
+        makes the job's trace part of that trace; by default the caller's
+        current OpenTelemetry span, if any (README, "Tracing").
         """
+        trace = tracing.submitted(trace_parent)
         try:
             request = JobRequest(
                 agent=agent,
@@ -188,7 +194,8 @@ class Client:
         except ValidationError as exc:
             raise invalid(exc, "job request") from None
         ref, actions = start_turn(self.runtime, request)
-        self.dispatcher.send(actions)
+        with tracing.sending(trace):
+            self.dispatcher.send(actions)
         return Job(self, ref)
 
     def job(self, job_id: str) -> Job:

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from orchestrator import registry
+from orchestrator import registry, tracing
 from orchestrator.engine.access import refusal
 from orchestrator.engine.actions import Action
 from orchestrator.engine.callpolicies import tool_call, tool_refusal
@@ -140,11 +140,13 @@ def run_tool(
         context_data=dict(turn.context_data),
     )
     try:
-        if call.tool == READ_TOOL_OUTPUT:
-            result, is_error = _read(rt, conv, call, spec.tool_output_limit)
-        else:
-            should_stop = cancel_watch(rt, turn.correlation_id, STOP_POLL)
-            result, is_error = _execute(run, ctx, should_stop)
+        with tracing.tool_call(call, (conv.id, turn.id)) as span:
+            if call.tool == READ_TOOL_OUTPUT:
+                result, is_error = _read(rt, conv, call, spec.tool_output_limit)
+            else:
+                should_stop = cancel_watch(rt, turn.correlation_id, STOP_POLL)
+                result, is_error = _execute(run, ctx, should_stop)
+            span.result(result, is_error)
     except ToolStopped:
         log.info("tool %s stopped: its job is being stopped", call.tool)
         return []
@@ -254,7 +256,8 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         if claimed is None:
             return []  # another copy finished it since the read above
         _bind(claimed, turn, conv)
-        return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
+        with tracing.tool_call(claimed, (conv.id, turn.id), subagent=True):
+            return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
 
 
 def _read(rt: Runtime, conv: ConversationFields, call: CallFields, limit: int) -> tuple[str, bool]:

@@ -37,6 +37,7 @@ LAYERS = {
     "orchestrator.logs": "foundation",
     "orchestrator.patterns": "foundation",
     "orchestrator.lazy": "foundation",
+    "orchestrator.tracing": "foundation",
     # Postgres, the event outbox, the broker's configuration
     "orchestrator.store": "store",
     "orchestrator.events": "store",
