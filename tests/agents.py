@@ -1443,3 +1443,19 @@ class NoRetryOn5xx(Policy):
 
     def on_model_failure(self, call: ModelCall, error: ModelError) -> Stop | None:
         return Stop(f"{call.model} is down") if (error.status or 0) >= 500 else None
+
+
+# -- tracing: a tool batch (two parallel tools and a subagent), then an answer --
+
+register_script(
+    "traced-lead",
+    [
+        Reply.call(
+            call("add", a=1, b=2),
+            call("add", a=3, b=4),
+            call("subagent__echo-child", task="trace me"),
+        ),
+        echo_results,
+    ],
+)
+Agent("traced-lead", scripted_model("traced-lead"), tools=[add], subagents=["echo-child"])
