@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
+import importlib.util
 import json
+import logging
 import os
 import random
 import re
@@ -83,8 +85,18 @@ def enabled() -> bool:
         endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT"
         )
-        _enabled = bool(endpoint) and not off
+        _enabled = bool(endpoint) and not off and _installed()
     return _enabled
+
+
+def _installed() -> bool:
+    if importlib.util.find_spec("opentelemetry.sdk") is not None:
+        return True
+    logging.getLogger(__name__).warning(
+        "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OpenTelemetry SDK is not installed "
+        "(pip install 'chorus[tracing]'): no traces are sent"
+    )
+    return False
 
 
 def _content() -> bool:

@@ -15,23 +15,22 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator import Client, Settings
+from orchestrator.errors import InvalidRequestError
 from tests.conftest import WorkerProcess
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 CALLER_TRACE = uuid.uuid4().hex
 CALLER_SPAN = uuid.uuid4().hex[:16]
 
 
-@pytest.fixture()
-def traced(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Client, Receiver]]:
+@pytest.fixture(scope="module")
+def traced(settings: Settings) -> Iterator[tuple[Client, Receiver]]:
     """A client and two traced workers (llm+control threads, tools prefork) on
     queues of their own, exporting to a receiver in this process."""
     own = settings.model_copy(update={"redis_prefix": f"{settings.redis_prefix}-trace"})
-    with otlp_receiver() as receiver:
+    with otlp_receiver() as receiver, pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
         monkeypatch.setenv("OTEL_SERVICE_NAME", "chorus-test")
@@ -162,3 +161,13 @@ def test_a_job_without_a_trace_parent_has_its_own_trace(traced: tuple[Client, Re
         "execute_tool add",
         "invoke_agent echo-child",
     }
+
+
+@pytest.mark.parametrize("value", ["", "nope", f"00-{'0' * 32}-{CALLER_SPAN}-01", "ff-" + "1" * 49])
+def test_a_trace_parent_that_is_not_one_is_refused(
+    traced: tuple[Client, Receiver], value: str
+) -> None:
+    client, _ = traced
+    with pytest.raises(InvalidRequestError) as refused:
+        client.submit("traced-lead", "go", trace_parent=value)
+    assert refused.value.fields == ["trace_parent"]
