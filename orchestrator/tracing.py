@@ -119,6 +119,14 @@ def _spanning(build: Callable[[_Run], Span | None]) -> Iterator[_Run]:
             send(span)
 
 
+def _position(conversation_id: str, turn_id: str, step: int) -> dict[str, Any]:
+    return {
+        "gen_ai.conversation.id": conversation_id,
+        "chorus.turn.id": turn_id,
+        "chorus.step": step,
+    }
+
+
 # --- turns ---------------------------------------------------------------------
 
 
@@ -199,11 +207,7 @@ def _step_span(ids: tuple[str, str, int], answered: Sequence[Any]) -> Iterator[N
         if not answered and not served.failed:
             return None
         reply = answered[0] if answered else None
-        attributes: dict[str, Any] = {
-            "gen_ai.conversation.id": conversation_id,
-            "chorus.turn.id": turn_id,
-            "chorus.step": number,
-        }
+        attributes = _position(conversation_id, turn_id, number)
         if reply is not None:
             attributes["chorus.tool_calls"] = len(reply.tool_calls)
             attributes["chorus.cost_usd"] = reply.usage.cost_usd
@@ -413,12 +417,7 @@ def advance(
     if not enabled():
         return nullcontext()
     job = job_trace(turn_id)
-    attributes = {
-        "gen_ai.conversation.id": conversation_id,
-        "chorus.turn.id": turn_id,
-        "chorus.step": step,
-        "chorus.segment": segment,
-    }
+    attributes = {**_position(conversation_id, turn_id, step), "chorus.segment": segment}
     return _spanning(
         lambda run: Span(
             "chorus.advance",

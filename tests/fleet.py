@@ -96,3 +96,15 @@ def in_process_worker(settings: Settings, concurrency: int = 16) -> Iterator[Any
         # Chord results hold Redis subscriptions until collected; collect them
         # while the embedded Redis still runs, not at interpreter exit.
         gc.collect()
+
+
+@contextmanager
+def started(client: Client, workers: list[WorkerProcess]) -> Iterator[list[WorkerProcess]]:
+    """``workers`` (started together) once each answers a ping; all stopped at the end."""
+    try:
+        for worker in workers:
+            worker.wait_ready(client)
+        yield workers
+    finally:
+        for worker in workers:
+            worker.stop()

@@ -17,6 +17,7 @@ import pytest
 from orchestrator import Client, Settings
 from orchestrator.errors import InvalidRequestError
 from tests.conftest import WorkerProcess
+from tests.fleet import started
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
@@ -40,12 +41,9 @@ def traced(settings: Settings) -> Iterator[tuple[Client, Receiver]]:
             WorkerProcess(own, "trace-tools", "-Q", "tools", "-P", "prefork", "-c", "2"),
         ]
         try:
-            for worker in fleet:
-                worker.wait_ready(client)
-            yield client, receiver
+            with started(client, fleet):
+                yield client, receiver
         finally:
-            for worker in fleet:
-                worker.stop()
             client.close()
 
 
