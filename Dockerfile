@@ -15,7 +15,7 @@ COPY schemas ./schemas
 COPY orchestrator ./orchestrator
 COPY workers ./workers
 # A regular (non-editable) install: the image does not need the source tree.
-RUN /opt/venv/bin/pip install .
+RUN /opt/venv/bin/pip install '.[tracing]'
 
 
 FROM python:3.11-slim

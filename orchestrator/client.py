@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator import client_args as args
 from orchestrator import client_ops as ops
-from orchestrator import registry
+from orchestrator import registry, tracing
 from orchestrator.celery_conf import make_celery
 from orchestrator.dispatch import CeleryDispatcher
 from orchestrator.engine import approvals
@@ -117,6 +117,7 @@ class Client:
         idempotency_key: str | None = None,
         budget: Budget | None = None,
         priority: int = DEFAULT_PRIORITY,
+        trace_parent: str | None = None,
     ) -> Job:
         """Start a turn: run ``agent`` on ``input``.
 
@@ -129,11 +130,17 @@ class Client:
         :class:`~orchestrator.errors.UnknownAgentError`,
         :class:`~orchestrator.errors.UnknownToolError` or
         :class:`~orchestrator.errors.InvalidRequestError` at once.
+
+        ``trace_parent`` (a W3C ``traceparent``, such as an HTTP request's)
+        makes the job's trace part of that trace; by default the caller's
+        current OpenTelemetry span, if any (README, "Tracing").
         """
+        trace = tracing.submitted(trace_parent)
         options = (conversation_id, context_data, idempotency_key, budget, priority)
         request = args.job_request(agent, input, *options)
         ref, actions = ops.submit(self.runtime, request)
-        self.dispatcher.send(actions)
+        with tracing.sending(trace):
+            self.dispatcher.send(actions)
         return Job(self, ref)
 
     def job(self, job_id: str) -> Job:

@@ -1458,4 +1458,20 @@ class NoRetryOn5xx(Policy):
         return Stop(f"{call.model} is down") if (error.status or 0) >= 500 else None
 
 
+# -- tracing: a tool batch (two parallel tools and a subagent), then an answer --
+
+register_script(
+    "traced-lead",
+    [
+        Reply.call(
+            call("add", a=1, b=2),
+            call("add", a=3, b=4),
+            call("subagent__echo-child", task="trace me"),
+        ),
+        echo_results,
+    ],
+)
+Agent("traced-lead", scripted_model("traced-lead"), tools=[add], subagents=["echo-child"])
+
+
 from tests import approval_agents  # noqa: E402, F401  (the approval tests' tools and agents)

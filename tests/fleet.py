@@ -96,3 +96,19 @@ def in_process_worker(settings: Settings, concurrency: int = 16) -> Iterator[Any
         # Chord results hold Redis subscriptions until collected; collect them
         # while the embedded Redis still runs, not at interpreter exit.
         gc.collect()
+
+
+@contextmanager
+def started(
+    client: Client, workers: list[WorkerProcess], timeout: float = 120.0
+) -> Iterator[list[WorkerProcess]]:
+    """``workers`` (started together) once each answers a ping (within
+    ``timeout`` s: a loaded machine takes long to import litellm); all
+    stopped at the end."""
+    try:
+        for worker in workers:
+            worker.wait_ready(client, timeout)
+        yield workers
+    finally:
+        for worker in workers:
+            worker.stop()

@@ -32,6 +32,7 @@ SHARED_MODULES = frozenset(
         "tests/integration/test_parallelism.py",  # lanes: a worker of the lanes queue
         "tests/integration/test_step_queries.py",  # meter: an in-process worker, metered
         "tests/integration/test_tool_catalogs.py",  # replayed: every catalog case run once
+        "tests/integration/test_tracing.py",  # traced: two workers exporting to a receiver
     }
 )
 

@@ -157,8 +157,9 @@ def test_the_python_client_blocks_run_against_the_fleet(
                 clients.append(namespace["client"])
 
     # Then they ran, and their jobs did what the README says
-    assert len(ran) == 15
+    assert len(ran) == 16
     assert type(namespace["trip"]).__name__ == "Trip" and namespace["trip"].nights == 3
+    assert namespace["traced"].result(timeout=60)  # submitted with a trace_parent (Tracing)
     assert namespace["refused"] == ["model_settings.api_base"]
     assert namespace["planned"].result() == "Lisbon, three nights, booked."
     assert [(i.id, i.status) for i in namespace["planned"].plan()] == [

@@ -13,11 +13,12 @@ from celery.signals import (
     celeryd_after_setup,
     setup_logging,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
     worker_shutdown,
 )
 
-from orchestrator import published, registry
+from orchestrator import published, registry, tracing
 from orchestrator.celery_conf import QUEUES, make_celery
 from orchestrator.liveness import start_heartbeat, touch
 from orchestrator.llm.call import warm
@@ -118,4 +119,25 @@ def create_app(settings: Settings | None = None) -> Celery:
         configure_logging(loglevel or settings.log_level, settings.log_format)
 
     setup_logging.connect(_logging, weak=False)
+    if tracing.enabled():
+        trace_tasks()
     return app
+
+
+def trace_tasks() -> None:
+    """Traces on (``OTEL_EXPORTER_OTLP_ENDPOINT`` set, :mod:`orchestrator.tracing`):
+    tasks pass their job's trace on, and each process that runs tasks builds
+    its exporter once it runs (a prefork child after the fork) and sends its
+    batched spans before it exits."""
+    tracing.propagate()
+
+    def _start(**_: Any) -> None:
+        tracing.start()
+
+    def _flush(**_: Any) -> None:
+        tracing.flush()
+
+    worker_process_init.connect(_start, weak=False)
+    worker_ready.connect(_start, weak=False)
+    worker_process_shutdown.connect(_flush, weak=False)
+    worker_shutdown.connect(_flush, weak=False)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from celery import Celery, Task
 from celery.exceptions import Retry
 
-from orchestrator import engine
+from orchestrator import engine, tracing
 from orchestrator.dispatch import dispatch
 from orchestrator.engine.actions import Action
 from orchestrator.engine.checkpoint import run_checkpoint
@@ -85,7 +85,10 @@ def register_tasks(app: Celery, rt: Runtime) -> None:
 
     @app.task(name="chorus.advance", bind=True)
     def advance(self: Task, conversation_id: str, turn_id: str, step: int, segment: int) -> None:
-        with log_context(conversation_id=conversation_id, turn_id=turn_id, step=step):
+        with (
+            log_context(conversation_id=conversation_id, turn_id=turn_id, step=step),
+            tracing.advance(conversation_id, turn_id, step, segment),
+        ):
             run_guarded(
                 app,
                 self,

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session
 
+from orchestrator import tracing
 from orchestrator.engine.actions import Action, Dequeue
 from orchestrator.engine.subagents import answer_parent
 from orchestrator.events import Outbox
@@ -101,6 +102,7 @@ def finish_turn(
         step=turn.steps,
         **data,
     )
+    tracing.turn_ended(turn, status.value)
     if turn.parent_call_id is None:
         return [Dequeue(conv.id, if_waiting=True)]
     if not answers:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from orchestrator import registry
+from orchestrator import registry, tracing
 from orchestrator.engine.actions import Action, Revoke, RunStep
 from orchestrator.engine.after_commit import settle
 from orchestrator.engine.budget import NO_MORE_TOOLS, Budgets
@@ -172,7 +172,8 @@ def run_step(
     model again)."""
     answered: list[ModelReply] = []  # the provider's reply, once it came
     try:
-        actions = _run_step(rt, conversation_id, turn_id, step, owner, answered)
+        with tracing.step((conversation_id, turn_id, step), answered):
+            actions = _run_step(rt, conversation_id, turn_id, step, owner, answered)
     except BaseException:
         _give_up_lease(rt, (conversation_id, turn_id, step), owner, answered)
         raise

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from orchestrator import registry
+from orchestrator import registry, tracing
 from orchestrator.engine.actions import Action, RunSegment, ToolTask
 from orchestrator.engine.approvals import hold
 from orchestrator.engine.callpolicies import tool_call, tool_policies, tool_refusal
@@ -132,11 +132,13 @@ def run_tool(
         context_data=dict(turn.context_data),
     )
     try:
-        if call.tool == READ_TOOL_OUTPUT:
-            result, is_error = _read(rt, conv, call, spec.tool_output_limit)
-        else:
-            should_stop = cancel_watch(rt, turn.correlation_id, STOP_POLL)
-            result, is_error = _execute(run, ctx, should_stop)
+        with tracing.tool_call(call, (conv.id, turn.id)) as span:
+            if call.tool == READ_TOOL_OUTPUT:
+                result, is_error = _read(rt, conv, call, spec.tool_output_limit)
+            else:
+                should_stop = cancel_watch(rt, turn.correlation_id, STOP_POLL)
+                result, is_error = _execute(run, ctx, should_stop)
+            span.result(result, is_error)
     except ToolStopped:
         log.info("tool %s stopped: its job is being stopped", call.tool)
         return []
@@ -276,7 +278,8 @@ def _start_subagent(rt: Runtime, call_id: str, task_id: str | None) -> list[Acti
         if isinstance(decided, Defer):  # given back in the claim's transaction
             return _send_again(session, claimed, (conv.id, turn.id), decided.seconds)
         claimed = claimed._replace(params=decided.params)
-        return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
+        with tracing.tool_call(claimed, (conv.id, turn.id), subagent=True):
+            return _delegate(rt, session, outbox, claimed, (turn, conv, spec))
 
 
 def _read(rt: Runtime, conv: ConversationRow, call: CallRow, limit: int) -> tuple[str, bool]:

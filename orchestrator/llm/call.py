@@ -37,6 +37,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import tracing
 from orchestrator.errors import ConfigurationError, ModelError
 from orchestrator.llm import openai_stream
 from orchestrator.llm.provider_errors import is_retryable, translating
@@ -184,6 +185,20 @@ def complete(
         ModelError: The provider, litellm or the openai SDK failed
             (``status`` and ``body`` kept when there were any).
     """
+    with tracing.model_call(model, messages, tools, model_settings) as span:
+        reply = _streamed(model, messages, tools, model_settings, on_delta, should_stop)
+        span.reply(reply)
+    return reply
+
+
+def _streamed(
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    model_settings: dict[str, Any],
+    on_delta: Callable[[str], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> ModelReply:
     litellm = _litellm()
     from orchestrator.llm import scripted
 

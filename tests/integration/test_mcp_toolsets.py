@@ -36,6 +36,7 @@ from orchestrator.tools import toolsets
 from schemas import AgentSpec, EventName
 from tests.conftest import ROOT, WorkerProcess, tool_calls
 from tests.faults import free_port
+from tests.fleet import started
 from tests.loopback_llm import LoopbackLLM
 
 pytestmark = pytest.mark.integration
@@ -96,12 +97,9 @@ def mcp_fleet(settings: Settings, mcp_url: str) -> Iterator[Client]:
             WorkerProcess(own, "mcp-tools", "-Q", "tools,mcp", "-P", "prefork", "-c", "4"),
         ]
     try:
-        for worker in fleet:
-            worker.wait_ready(client)
-        yield client
+        with started(client, fleet):
+            yield client
     finally:
-        for worker in fleet:
-            worker.stop()
         client.close()
 
 

@@ -37,6 +37,9 @@ LAYERS = {
     "orchestrator.logs": "foundation",
     "orchestrator.patterns": "foundation",
     "orchestrator.lazy": "foundation",
+    "orchestrator.tracing": "foundation",
+    "orchestrator.trace_context": "foundation",
+    "orchestrator.trace_export": "foundation",
     # Postgres, the event outbox, the broker's configuration
     "orchestrator.store": "store",
     "orchestrator.events": "store",
