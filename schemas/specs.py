@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from schemas.content import Frozen
 
@@ -204,15 +204,19 @@ class AgentSpec(Frozen):
         "(None: no limit; a tool's own approval_timeout, if shorter, wins)",
     )
 
-    @model_validator(mode="after")
-    def _approve_own_tools(self) -> AgentSpec:
-        foreign = [name for name in self.approve if name not in self.tools]
+    @field_validator("approve")
+    @classmethod
+    def _approve_own_tools(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        # a field's check, not the model's: a model check would rename every
+        # field's error location (the fields a refusal names)
+        tools = info.data.get("tools", ())
+        foreign = [name for name in value if name not in tools]
         if foreign:
             raise ValueError(
-                f"approve names {foreign}, which are not tools of agent {self.name!r} "
-                f"(its tools: {list(self.tools)})"
+                f"approve names {foreign}, which are not tools of agent "
+                f"{info.data.get('name')!r} (its tools: {list(tools)})"
             )
-        return self
+        return value
 
     @field_validator("subagents", "handoffs")
     @classmethod

@@ -54,13 +54,11 @@ def test_a_follower_that_reconnects_gets_exactly_the_rest(
 
     # When it reconnects with the last id it saw (deltas asked for this time)
     after: list[tuple[int, str]] = []
-    deltas = 0
     headers = {"Last-Event-ID": str(before[-1][0])}
     with api.stream("GET", url, headers=headers, params={"deltas": "true"}) as answer:
         for frame in _events(sse(answer.iter_lines())):
             if frame["event"] == "assistant.delta":
-                assert "id" not in frame
-                deltas += 1
+                assert "id" not in frame  # live only: never resumed to
             elif frame["event"] != "end":
                 after.append((int(frame["id"]), frame["event"]))
 
@@ -68,7 +66,8 @@ def test_a_follower_that_reconnects_gets_exactly_the_rest(
     assert before + after == _stored(client, job["job_id"])
     assert after[-1][1] == "turn.completed"
     assert keepalives >= 1
-    assert deltas >= 1
+    # deltas are live only: a reconnect that lands after the answer streamed
+    # sees none (seen under load), so their count is not asserted here
 
     # And a client without headers resumes with the query parameter
     with api.stream("GET", url, params={"last_event_id": before[-1][0]}) as answer:
