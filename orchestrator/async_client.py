@@ -290,7 +290,9 @@ class AsyncClient:
         """The whole archived result of a tool call (see ``Client.tool_output``)."""
         return await self._run(ops.tool_output, self.runtime, conversation_id, handle)
 
-    async def approve(self, call_id: str, *, note: str | None = None, by: str | None = None) -> None:
+    async def approve(
+        self, call_id: str, *, note: str | None = None, by: str | None = None
+    ) -> None:
         """Approve a tool call waiting for a person's answer: as
         :meth:`Client.approve <orchestrator.client.Client.approve>` (a second
         answer raises :class:`~orchestrator.errors.ConflictError`)."""
@@ -316,7 +318,9 @@ class AsyncClient:
     ) -> list[PendingApproval]:
         """The tool calls waiting for a person's answer, oldest first, filtered
         as :meth:`Client.pending_approvals <orchestrator.client.Client.pending_approvals>`."""
-        return await self._run(ops.pending_approvals, self.runtime, conversation_id, agent, tool, tenant)
+        return await self._run(
+            ops.pending_approvals, self.runtime, conversation_id, agent, tool, tenant
+        )
 
     async def connections(self) -> dict[str, int]:
         """Connections this client holds open now, as the servers count

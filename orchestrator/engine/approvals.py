@@ -61,8 +61,8 @@ from orchestrator.store.approval_sql import (
     start_waiting,
 )
 from orchestrator.store.tables import AWAITING_APPROVAL
-from orchestrator.store.values import check
 from orchestrator.store.tool_call_sql import Claimed
+from orchestrator.store.values import check
 from schemas import AgentSpec, Decision, EventName, PendingApproval
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,9 @@ def pending(
     request: Request,
     conversation_id: Annotated[
         str | None,
-        Query(min_length=1, max_length=64, description="A conversation, or the tree it is root of."),
+        Query(
+            min_length=1, max_length=64, description="A conversation, or the tree it is root of."
+        ),
     ] = None,
     agent: Filter = None,
     tool: Filter = None,

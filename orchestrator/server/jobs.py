@@ -148,4 +148,3 @@ def events(
     until its turn ends."""
     job = _job(request, principal, job_id)
     return sse.stream(follow.job_events(job, since, deltas), request.app.state.keepalive)
-

@@ -109,7 +109,11 @@ def test_a_denial_needs_a_reason_and_the_model_gets_it(api: httpx.Client) -> Non
     ):
         assert _error(api.post(url, json=bad), 422, "InvalidRequestError")["fields"] == [field]
     assert [c["call_id"] for c in api.get("/v1/approvals").json()].count(call["call_id"]) == 1
-    _error(api.post("/v1/approvals/no-such-call", json={"decision": "approve"}), 404, "ApprovalNotFound")
+    _error(
+        api.post("/v1/approvals/no-such-call", json={"decision": "approve"}),
+        404,
+        "ApprovalNotFound",
+    )
 
     # When it is denied, the model gets the reason as the call's error result
     denied = api.post(url, json={"decision": "deny", "reason": "not today"})
