@@ -269,7 +269,7 @@ def test_each_benchmark_command_starts() -> None:
     # must start from the repository root: --help shows its options
     (block,) = [b for b in readme.blocks() if _first(b) in NOT_RUN and "bench/" in b.body]
     commands = [line.split("#")[0].strip() for line in block.body.strip().splitlines()]
-    assert len(commands) == 10
+    assert len(commands) == 11
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
     for command in commands:
         out = _run_bash(
