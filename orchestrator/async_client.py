@@ -61,7 +61,17 @@ from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.dialect import url_is_postgres
-from schemas import AgentSpec, Budget, Event, JobStatus, Message, TodoItem, Usage
+from schemas import (
+    AgentSpec,
+    Budget,
+    Decision,
+    Event,
+    JobStatus,
+    Message,
+    PendingApproval,
+    TodoItem,
+    Usage,
+)
 from schemas.jobs import DEFAULT_PRIORITY
 
 #: This client's Postgres connections, by their ``application_name``.
@@ -279,6 +289,38 @@ class AsyncClient:
     async def tool_output(self, conversation_id: str, handle: str) -> Any:
         """The whole archived result of a tool call (see ``Client.tool_output``)."""
         return await self._run(ops.tool_output, self.runtime, conversation_id, handle)
+
+    async def approve(
+        self, call_id: str, *, note: str | None = None, by: str | None = None
+    ) -> None:
+        """Approve a tool call waiting for a person's answer: as
+        :meth:`Client.approve <orchestrator.client.Client.approve>` (a second
+        answer raises :class:`~orchestrator.errors.ConflictError`)."""
+        await self._answer(call_id, Decision.APPROVED, by, note)
+
+    async def deny(self, call_id: str, *, reason: str, by: str | None = None) -> None:
+        """Deny a tool call waiting for a person's answer: as
+        :meth:`Client.deny <orchestrator.client.Client.deny>`."""
+        await self._answer(call_id, Decision.DENIED, by, reason)
+
+    async def _answer(
+        self, call_id: str, decision: Decision, by: str | None, text: str | None
+    ) -> None:
+        await self._send(await self._run(ops.answer, self.runtime, call_id, decision, by, text))
+
+    async def pending_approvals(
+        self,
+        *,
+        conversation_id: str | None = None,
+        agent: str | None = None,
+        tool: str | None = None,
+        tenant: str | None = None,
+    ) -> list[PendingApproval]:
+        """The tool calls waiting for a person's answer, oldest first, filtered
+        as :meth:`Client.pending_approvals <orchestrator.client.Client.pending_approvals>`."""
+        return await self._run(
+            ops.pending_approvals, self.runtime, conversation_id, agent, tool, tenant
+        )
 
     async def connections(self) -> dict[str, int]:
         """Connections this client holds open now, as the servers count

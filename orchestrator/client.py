@@ -12,7 +12,6 @@ from orchestrator import client_ops as ops
 from orchestrator import registry, tracing
 from orchestrator.celery_conf import make_celery
 from orchestrator.dispatch import CeleryDispatcher
-from orchestrator.engine import approvals
 from orchestrator.engine.actions import Dispatcher
 from orchestrator.engine.turns import JobRef
 from orchestrator.errors import (
@@ -254,8 +253,7 @@ class Client:
         self._answer(call_id, Decision.DENIED, by, reason)
 
     def _answer(self, call_id: str, decision: Decision, by: str | None, text: str | None) -> None:
-        actions = approvals.answer(self.runtime, _id(call_id, "call_id"), decision, by, text)
-        self.dispatcher.send(actions)
+        self.dispatcher.send(ops.answer(self.runtime, call_id, decision, by, text))
 
     def pending_approvals(
         self,
@@ -263,20 +261,13 @@ class Client:
         conversation_id: str | None = None,
         agent: str | None = None,
         tool: str | None = None,
+        tenant: str | None = None,
     ) -> list[PendingApproval]:
         """The tool calls waiting for a person's answer, oldest first:
         those of ``conversation_id`` (or of the tree it is the root of), of
-        conversations running ``agent``, of ``tool``, when given."""
-        conversation_id, agent, tool = (
-            None if value is None else _id(value, field)
-            for value, field in (
-                (conversation_id, "conversation_id"),
-                (agent, "agent"),
-                (tool, "tool"),
-            )
-        )
-        with self.runtime.session() as session:
-            return approvals.pending(session, conversation_id, agent, tool)
+        conversations running ``agent``, of ``tool``, of jobs submitted by
+        ``tenant``'s HTTP tokens, when given."""
+        return ops.pending_approvals(self.runtime, conversation_id, agent, tool, tenant)
 
     def close(self) -> None:
         if "streams" in self.__dict__:

@@ -16,7 +16,7 @@ from sqlmodel import select
 
 from orchestrator import client_args as args
 from orchestrator import published
-from orchestrator.engine import conversations, inbox
+from orchestrator.engine import approvals, conversations, inbox
 from orchestrator.engine.actions import Action, TakeCheckpoint
 from orchestrator.engine.cancel import cancel
 from orchestrator.engine.history import load_history
@@ -27,7 +27,16 @@ from orchestrator.events import committed_horizon, snapshot_bound
 from orchestrator.job_reads import HeldDeltas, stored_events
 from orchestrator.runtime import Runtime
 from orchestrator.store.tables import Conversation, Turn
-from schemas import Event, JobRequest, Message, MessageOptions, TodoItem, Usage
+from schemas import (
+    Decision,
+    Event,
+    JobRequest,
+    Message,
+    MessageOptions,
+    PendingApproval,
+    TodoItem,
+    Usage,
+)
 from schemas.jobs import DEFAULT_PRIORITY
 
 
@@ -136,6 +145,35 @@ def tool_output(rt: Runtime, conversation_id: str, handle: str) -> Any:
             return archived(session, conv.root_id, handle)
         except LookupError:
             raise ToolOutputNotFound(handle) from None
+
+
+def answer(
+    rt: Runtime, call_id: str, decision: Decision, by: str | None, text: str | None
+) -> list[Action]:
+    """Record a person's one answer to a waiting call (see ``Client.approve``
+    and ``Client.deny``); the actions to send once it committed."""
+    return approvals.answer(rt, args.valid_id(call_id, "call_id"), decision, by, text)
+
+
+def pending_approvals(
+    rt: Runtime,
+    conversation_id: str | None,
+    agent: str | None,
+    tool: str | None,
+    tenant: str | None,
+) -> list[PendingApproval]:
+    """The calls waiting for an answer, oldest first, by the filters given."""
+    conversation_id, agent, tool, tenant = (
+        None if value is None else args.valid_id(value, field)
+        for value, field in (
+            (conversation_id, "conversation_id"),
+            (agent, "agent"),
+            (tool, "tool"),
+            (tenant, "tenant"),
+        )
+    )
+    with rt.session() as session:
+        return approvals.pending(session, conversation_id, agent, tool, tenant=tenant)
 
 
 def follow_start(rt: Runtime, job_id: str, deltas: bool) -> tuple[str, HeldDeltas]:

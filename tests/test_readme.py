@@ -220,8 +220,9 @@ def _running_against_real_services(settings: Settings, tmp_path: Path) -> dict[s
 RUN_BASH = {
     "export CHORUS_REDIS_URL=redis://127.0.0.1:6379/0": "test_running_against_real_services",
     "chorus local --example pipeline": "test_the_pipeline_example_runs_on_the_embedded_default",
-    # tests/server/test_readme_blocks.py runs these two, tokens first
+    # tests/server/test_readme_blocks.py runs these three, tokens first
     "chorus server --host 127.0.0.1 --port 8000 &": "test_the_http_api_blocks_run",
+    "PAY=$(curl -sf -X POST http://127.0.0.1:8000/v1/": "test_the_http_api_blocks_run",
     "ACME=$(chorus token create --tenant acme --scope": "test_the_http_api_blocks_run",
 }
 
@@ -268,7 +269,7 @@ def test_each_benchmark_command_starts() -> None:
     # must start from the repository root: --help shows its options
     (block,) = [b for b in readme.blocks() if _first(b) in NOT_RUN and "bench/" in b.body]
     commands = [line.split("#")[0].strip() for line in block.body.strip().splitlines()]
-    assert len(commands) == 10
+    assert len(commands) == 11
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
     for command in commands:
         out = _run_bash(

@@ -62,6 +62,7 @@ from orchestrator.store.approval_sql import (
 )
 from orchestrator.store.tables import AWAITING_APPROVAL
 from orchestrator.store.tool_call_sql import Claimed
+from orchestrator.store.values import check
 from schemas import AgentSpec, Decision, EventName, PendingApproval
 
 log = logging.getLogger(__name__)
@@ -187,10 +188,11 @@ def pending(
     agent: str | None = None,
     tool: str | None = None,
     limit: int = MAX_LISTED,
+    tenant: str | None = None,
 ) -> list[PendingApproval]:
     """The calls waiting for an answer, oldest first (see
     :func:`~orchestrator.store.approval_sql.pending_query`)."""
-    rows = session.execute(pending_query(conversation_id, agent, tool, limit)).all()
+    rows = session.execute(pending_query(conversation_id, agent, tool, limit, tenant)).all()
     return [pending_record(row) for row in rows]
 
 
@@ -231,11 +233,12 @@ def answerer(by: str | None) -> str:
 def _text(value: object, field: str, limit: int = MAX_NOTE_CHARS) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+    if not isinstance(value, str) or len(value) > limit:
         raise InvalidRequestError(
             f"{field}: expected a string of at most {limit} characters, got {type(value).__name__}",
             [field],
         )
+    check(value, field)  # no NUL, no lone surrogate: Postgres could not store it
     return value.strip()
 
 

@@ -2,7 +2,7 @@
 
 Versioned under ``/v1``: jobs (submit, status, usage, result, output,
 cancel, list, events), conversations (send, queue, history, fork, usage,
-events), readiness. Every route but ``/v1/health`` and ``/v1/ready`` takes
+events), approvals (list, answer), readiness. Every route but ``/v1/health`` and ``/v1/ready`` takes
 a bearer token (``chorus token create``); its tenant is stamped on the jobs
 it submits, and another tenant's ids answer 404. Errors are JSON
 ``{"type", "message", "fields"}`` (:mod:`orchestrator.server.errors`).

@@ -15,8 +15,10 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from orchestrator.errors import (
+    ApprovalNotFound,
     AuthenticationError,
     ChorusError,
+    ConflictError,
     ConversationBusyError,
     ConversationNotFound,
     InvalidRequestError,
@@ -41,14 +43,15 @@ class ErrorBody(BaseModel):
 
 
 #: The status of each error, first match wins (subclasses before their bases).
-#: The approvals' ``ConflictError`` answers 409 as well (add it here).
 STATUSES: tuple[tuple[type[ChorusError], int], ...] = (
     (AuthenticationError, 401),
     (PermissionDeniedError, 403),
     (JobNotFound, 404),
     (ConversationNotFound, 404),
     (ToolOutputNotFound, 404),
+    (ApprovalNotFound, 404),
     (ConversationBusyError, 409),
+    (ConflictError, 409),
     (JobNotFinishedError, 409),
     (JobFailedError, 409),
     (InvalidRequestError, 422),
@@ -69,8 +72,8 @@ _MEANING = {
     400: "Bad request: names something not registered",
     401: "No token, or an unknown, malformed or revoked one",
     403: "The token's scope does not allow this",
-    404: "No such job or conversation (for this token's tenant)",
-    409: "Conflicts with the job's or conversation's state",
+    404: "No such job, conversation or tool call (for this token's tenant)",
+    409: "Conflicts with the state of the job, conversation or tool call (answered already)",
     422: "The request failed validation (fields names what)",
     503: "Postgres or Redis is unavailable; retry",
 }

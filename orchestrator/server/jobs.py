@@ -15,11 +15,7 @@ from orchestrator.server import follow, listing, sse, tenants
 from orchestrator.server.auth import Reader, Submitter, client_of
 from orchestrator.server.errors import COMMON, responses
 from orchestrator.server.models import JobCreated, JobPage, JobResult, JobUsage, SubmitRequest
-from orchestrator.server.params import (
-    Deltas,
-    JobId,
-    ResumeAfter,
-)
+from orchestrator.server.params import Deltas, JobId, ResumeAfter, TraceParent
 from orchestrator.store.token_sql import Principal
 from schemas import JobStatus, TurnStatus
 
@@ -30,9 +26,12 @@ MAX_WAIT = 30.0
 
 
 @router.post("", status_code=201, response_model=JobCreated)
-def submit(body: SubmitRequest, principal: Submitter, request: Request) -> JobCreated:
+def submit(
+    body: SubmitRequest, principal: Submitter, request: Request, trace_parent: TraceParent
+) -> JobCreated:
     """Start a turn of a registered agent. A second submit with the same
-    ``idempotency_key`` (by the same tenant) returns the first job."""
+    ``idempotency_key`` (by the same tenant) returns the first job. A valid
+    W3C ``traceparent`` header makes the job's trace part of the caller's."""
     client = client_of(request)
     if body.conversation_id is not None:
         tenants.conversation(client, principal, body.conversation_id)
@@ -45,6 +44,7 @@ def submit(body: SubmitRequest, principal: Submitter, request: Request) -> JobCr
         idempotency_key=None if key is None else f"{principal.tenant}:{key}",
         budget=body.budget,
         priority=body.priority,
+        trace_parent=trace_parent,
     )
     if body.conversation_id is None:
         tenants.stamp(client, job.root_id, principal.tenant)
@@ -148,7 +148,3 @@ def events(
     until its turn ends."""
     job = _job(request, principal, job_id)
     return sse.stream(follow.job_events(job, since, deltas), request.app.state.keepalive)
-
-
-# Approvals (``POST /v1/approvals/{id}``) join here as their own router
-# (orchestrator/server/approvals.py), scoped like the rest: Submitter.

@@ -4,7 +4,7 @@ document is generated from them)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -103,3 +103,21 @@ class Forked(BaseModel):
 class Ready(BaseModel):
     postgres: bool
     redis: bool
+
+
+class ApprovalRequest(_Body):
+    """A person's answer to a tool call waiting for one: ``approve`` (with
+    an optional ``note``) runs it; ``deny`` (with a ``reason``, required)
+    gives the model an error result with the reason instead."""
+
+    decision: Literal["approve", "deny"]
+    note: str | None = Field(default=None, max_length=2000)
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class ApprovalAnswered(BaseModel):
+    """The answer recorded (``by``: the token's name)."""
+
+    call_id: str
+    decision: Literal["approved", "denied"]
+    by: str

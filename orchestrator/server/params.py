@@ -8,10 +8,12 @@ from fastapi import Depends, Header, Path, Query
 
 from orchestrator.client import MAX_ID_CHARS, MAX_SEQ
 from orchestrator.errors import InvalidRequestError
+from orchestrator.trace_context import JobTrace
 
 JobId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
 ConversationId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
 EntryId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
+CallId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
 Deltas = Annotated[bool, Query(description="Include live `assistant.delta` events.")]
 LastEventQuery = Annotated[
     int | None,
@@ -41,3 +43,31 @@ def _resume_after(
 
 #: An event stream's resume point: ``?last_event_id=``, else ``Last-Event-ID``, else 0.
 ResumeAfter = Annotated[int, Depends(_resume_after)]
+
+
+TraceParentHeader = Annotated[
+    str | None,
+    Header(
+        alias="traceparent",
+        description=(
+            "A W3C traceparent: the job's trace joins the caller's (ignored if not valid)."
+        ),
+    ),
+]
+
+
+def _trace_parent(traceparent: TraceParentHeader = None) -> str | None:
+    """The request's ``traceparent``, if it is a valid one. An invalid one is
+    ignored, as W3C Trace Context asks of a receiver: the job gets a trace
+    of its own and the submit still succeeds."""
+    if traceparent is None:
+        return None
+    try:
+        JobTrace.parse(traceparent)
+    except InvalidRequestError:
+        return None
+    return traceparent
+
+
+#: The trace a submitted job joins: the request's valid ``traceparent``, else None.
+TraceParent = Annotated[str | None, Depends(_trace_parent)]

@@ -11,7 +11,8 @@ from sqlmodel import Session, col
 
 from orchestrator.client import Client, Job
 from orchestrator.engine.turns import JobRef
-from orchestrator.errors import ConversationNotFound, JobNotFound
+from orchestrator.errors import ApprovalNotFound, ConversationNotFound, JobNotFound
+from orchestrator.store.approval_sql import call_state
 from orchestrator.store.tables import Conversation, Turn
 from orchestrator.store.token_sql import Principal, Scope
 from orchestrator.store.values import check
@@ -43,6 +44,16 @@ def conversation(client: Client, principal: Principal, conversation_id: str) -> 
         if conv is None or not _sees(principal, session, conv.root_id):
             raise ConversationNotFound(conversation_id)
         return conv.root_id
+
+
+def call(client: Client, principal: Principal, call_id: str) -> None:
+    """Nothing, if this principal may see the tool call's job; else
+    :class:`ApprovalNotFound`."""
+    check(call_id, "call_id")
+    with client.runtime.session() as session:
+        state = call_state(session, call_id)
+        if state is None or not _sees(principal, session, state.root_id):
+            raise ApprovalNotFound(call_id)
 
 
 def stamp(client: Client, root_id: str, tenant: str) -> None:

@@ -155,11 +155,15 @@ def record_answer(
 
 
 def pending_query(
-    conversation_id: str | None, agent: str | None, tool: str | None, limit: int
+    conversation_id: str | None,
+    agent: str | None,
+    tool: str | None,
+    limit: int,
+    tenant: str | None = None,
 ) -> Select[Any]:
     """The calls waiting for an answer, oldest first, filtered: by the
     conversation that made the call or its tree's root, by the agent of
-    that conversation, by tool."""
+    that conversation, by tool, by the tenant of the tree's root."""
     query = (
         select(
             _CALL.c.id,
@@ -187,6 +191,9 @@ def pending_query(
         query = query.where(_CONVERSATION.c.agent == agent)
     if tool is not None:
         query = query.where(_CALL.c.tool == tool)
+    if tenant is not None:
+        owned = select(_CONVERSATION.c.id).where(_CONVERSATION.c.tenant == tenant)
+        query = query.where(_CONVERSATION.c.root_id.in_(owned))
     return query
 
 

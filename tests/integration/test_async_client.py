@@ -15,6 +15,8 @@ from pydantic import BaseModel
 
 from orchestrator import AsyncClient, Client, Settings
 from orchestrator.errors import (
+    ApprovalNotFound,
+    ConflictError,
     ConversationNotFound,
     InvalidRequestError,
     JobFailedError,
@@ -129,6 +131,51 @@ def test_cancel_ends_a_waiting_result(settings: Settings, workers: Any) -> None:
         return await job.status()
 
     assert run(settings, body).status is TurnStatus.CANCELLED
+
+
+def test_approvals_answered_from_asyncio_once(settings: Settings, workers: Any) -> None:
+    async def body(ac: AsyncClient) -> tuple[Any, list[Any], str, list[Any], list[Any]]:
+        # Given a call waiting for approval (travel-desk's book_flight)
+        job = await ac.submit("travel-desk", "book from asyncio")
+        for _ in range(600):
+            waiting = await ac.pending_approvals(conversation_id=job.conversation_id)
+            if waiting:
+                break
+            await asyncio.sleep(0.05)
+        [asked] = waiting
+        mine = await ac.pending_approvals(tool="book_flight", agent="travel-desk")
+        other = await ac.pending_approvals(conversation_id=job.conversation_id, tenant="nobody")
+        with pytest.raises(InvalidRequestError):
+            await ac.approve(asked.call_id, note="\ud800")  # Postgres cannot store it
+        with pytest.raises(InvalidRequestError):
+            await ac.deny(asked.call_id, reason=" ")
+        with pytest.raises(ApprovalNotFound):
+            await ac.approve("no-such-call")
+        # When two people answer it at once on one event loop
+        outcomes = await asyncio.gather(
+            ac.approve(asked.call_id, note="ok", by="alice"),
+            ac.deny(asked.call_id, reason="no", by="bob"),
+            return_exceptions=True,
+        )
+        answer = await job.result(timeout=60)
+        events = [e async for e in job.events(deltas=False, timeout=30)]
+        return asked, outcomes, answer, events, [mine, other]
+
+    asked, outcomes, answer, events, (mine, other) = run(settings, body)
+    assert (asked.tool, asked.arguments) == ("book_flight", {"flight": "LIS-123"})
+    assert asked.call_id in [p.call_id for p in mine] and other == []
+    # Then exactly one answer stands, the other is a ConflictError, and the
+    # turn went the winner's way
+    assert sorted(type(o).__name__ for o in outcomes) == ["ConflictError", "NoneType"]
+    answered = [e for e in events if e.name in (EventName.TOOL_APPROVED, EventName.TOOL_DENIED)]
+    assert len(answered) == 1
+    if answered[0].name is EventName.TOOL_APPROVED:
+        assert (answered[0].data["by"], outcomes[0]) == ("alice", None)
+        assert "booked LIS-123" in answer
+    else:
+        assert (answered[0].data["by"], outcomes[1]) == ("bob", None)
+        assert "was not run: denied: no" in answer
+    assert isinstance(next(o for o in outcomes if o is not None), ConflictError)
 
 
 def test_a_thousand_awaits_share_a_few_connections(settings: Settings, workers: Any) -> None:

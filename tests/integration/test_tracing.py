@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
 from orchestrator import Client, Settings
@@ -18,6 +20,7 @@ from orchestrator.errors import InvalidRequestError
 from tests.conftest import WorkerProcess
 from tests.fleet import started
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
+from tests.server.conftest import bearer, make_token, start_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
@@ -170,3 +173,52 @@ def test_a_trace_parent_that_is_not_one_is_refused(
     with pytest.raises(InvalidRequestError) as refused:
         client.submit("traced-lead", "go", trace_parent=value)
     assert refused.value.fields == ["trace_parent"]
+
+
+def _root_span(receiver: Receiver, job_id: str) -> ReceivedSpan:
+    """The job's root span (``invoke_agent``), once it arrived."""
+    deadline = time.monotonic() + 60
+    while True:
+        roots = [
+            s
+            for s in receiver.received()
+            if s.name == "invoke_agent traced-lead" and s.attributes["chorus.job.id"] == job_id
+        ]
+        if roots or time.monotonic() > deadline:
+            assert len(roots) == 1, roots
+            return roots[0]
+        time.sleep(0.2)
+
+
+def test_an_http_submit_joins_the_requests_traceparent(
+    traced: tuple[Client, Receiver], tmp_path: Path
+) -> None:
+    client, receiver = traced
+    # Given `chorus server` on the traced fleet, and a request under a caller's span
+    server = start_server(client.settings, tmp_path / "server.log")
+    headers = bearer(make_token(client, "acme", "submit", "traced-http"))
+    trace, span = "5bf92f3577b34da6a3ce929d0e0e4737", "10f067aa0ba902b8"
+    try:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+            jobs = []
+            for parent in (f"00-{trace}-{span}-01", "not-a-traceparent"):
+                # When a job is submitted with that traceparent header
+                made = http.post(
+                    "/v1/jobs",
+                    json={"agent": "traced-lead", "input": "go"},
+                    headers={"traceparent": parent},
+                )
+                assert made.status_code == 201, made.text
+                jobs.append(made.json()["job_id"])
+                done = http.get(f"/v1/jobs/{jobs[-1]}/result", params={"wait": 30})
+                assert done.status_code == 200, done.text
+    finally:
+        server.proc.terminate()
+        server.proc.wait(15)
+
+    # Then the job's root span is a child of the request's span; an invalid
+    # header is ignored (W3C Trace Context): that job has a trace of its own
+    joined = _root_span(receiver, jobs[0])
+    assert (joined.trace_id, joined.parent_id) == (trace, span)
+    own = _root_span(receiver, jobs[1])
+    assert own.parent_id == "" and own.trace_id != trace

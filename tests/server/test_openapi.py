@@ -45,6 +45,8 @@ ROUTES = {
     ("POST", "/v1/conversations/{conversation_id}/fork"),
     ("GET", "/v1/conversations/{conversation_id}/usage"),
     ("GET", "/v1/conversations/{conversation_id}/events"),
+    ("GET", "/v1/approvals"),
+    ("POST", "/v1/approvals/{call_id}"),
     ("GET", "/v1/health"),
     ("GET", "/v1/ready"),
 }

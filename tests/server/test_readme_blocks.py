@@ -1,5 +1,6 @@
-"""The README's "Tokens and tenants" and "HTTP API" blocks, run as written
-(one script, tokens first) against the test fleet, on a free port."""
+"""The README's "Tokens and tenants" and "HTTP API" blocks (approvals
+included), run as written (one script, tokens first) against the test
+fleet, on a free port."""
 
 from __future__ import annotations
 
@@ -20,15 +21,14 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.long
 def test_the_http_api_blocks_run(settings: Settings, workers: Any, tmp_path: Path) -> None:
-    # Given the two blocks, in the order a reader runs them
-    found = {
-        _first(b): b
-        for b in readme.blocks()
-        if RUN_BASH.get(_first(b)) == "test_the_http_api_blocks_run"
-    }
-    tokens, api = (found[k] for k in sorted(found, key=lambda k: not k.startswith("ACME")))
+    # Given the three blocks, in the order a reader runs them: tokens first
+    found = [
+        b for b in readme.blocks() if RUN_BASH.get(_first(b)) == "test_the_http_api_blocks_run"
+    ]
+    assert len(found) == 3
+    found.sort(key=lambda b: (not _first(b).startswith("ACME"), b.index))
     port = str(free_port())
-    script = (_bash(tokens) + "\n" + _bash(api)).replace("8000", port)
+    script = "\n".join(_bash(b) for b in found).replace("8000", port)
 
     # When they run against the test fleet
     out = _run_bash(script, worker_env(settings), timeout=120)
@@ -43,3 +43,7 @@ def test_the_http_api_blocks_run(settings: Settings, workers: Any, tmp_path: Pat
     assert ids[first_end:] == [i for i in ids[:first_end] if i > 3]
     assert '"output":"Lisbon, three nights: ' in out.stdout
     assert "revoked" in out.stdout and "dashboard" in out.stdout
+    # the approval was answered once, by the token's name, and audited
+    assert '"decision":"approved","by":"web-app"' in out.stdout
+    assert '"type":"ConflictError"' in out.stdout
+    assert "event: tool.approved" in out.stdout and '"by":"web-app"' in out.stdout
