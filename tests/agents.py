@@ -1443,3 +1443,27 @@ class NoRetryOn5xx(Policy):
 
     def on_model_failure(self, call: ModelCall, error: ModelError) -> Stop | None:
         return Stop(f"{call.model} is down") if (error.status or 0) >= 500 else None
+
+
+# -- the dashboard's browser tests: three parallel tools (p3 the straggler), a
+# call that runs alone, and a subagent with a subagent of its own -------------
+
+register_script(
+    "dash-lead",
+    [
+        Reply.call(
+            call("timed", label="p1", seconds=0.2),
+            call("timed", label="p2", seconds=0.3),
+            call("timed", label="p3", seconds=0.9),
+            call("timed_barrier", label="b", seconds=0.2),
+            call("subagent__deep-researcher", task="gamma"),
+        ),
+        echo_results,
+    ],
+)
+Agent(
+    "dash-lead",
+    scripted_model("dash-lead"),
+    tools=[timed, timed_barrier],
+    subagents=["deep-researcher"],
+)

@@ -1,0 +1,221 @@
+"""``/v1/runs``: what a run viewer needs beyond ``/v1/jobs`` (the dashboard
+is one such client).
+
+- ``GET /v1/runs``: the jobs page of ``GET /v1/jobs`` (same filters, same
+  cursor), each job with its tree's steps, tool calls, tokens, cost, duration
+  and the start of its input; ``text`` keeps the jobs whose input holds it.
+- ``GET /v1/runs/{job_id}``: the job's tree (every conversation under its
+  root that served it, with usage and state) and its budget.
+- ``GET /v1/runs/{job_id}/events``: the job's stored events a page at a time
+  (``after`` a seq, up to ``limit``), so a viewer opens a run of 10,000
+  events without following a stream to its end; live ones come over
+  ``GET /v1/jobs/{job_id}/events`` resumed after the last seq read here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel
+from sqlalchemy import or_
+from sqlmodel import col, select
+
+from orchestrator.client import MAX_SEQ
+from orchestrator.events import row_to_event, visible_below
+from orchestrator.server import listing, tenants
+from orchestrator.server.auth import Reader, client_of
+from orchestrator.server.errors import COMMON, responses
+from orchestrator.server.models import JobSummary
+from orchestrator.server.params import JobId
+from orchestrator.store.tables import Conversation, EventRow, Turn
+from schemas import Event, JobStatus, TurnStatus, Usage
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=responses(*COMMON))
+
+#: Characters of a job's input shown in a list.
+INPUT_PREVIEW = 200
+#: Most events in one page.
+MAX_EVENTS_PAGE = 5000
+
+
+class RunSummary(JobSummary):
+    """A job of a list, with its whole tree's counts."""
+
+    input: str
+    steps: int
+    tool_calls: int
+    subagents: int
+    usage: Usage
+    seconds: float | None = None
+
+
+class RunPage(BaseModel):
+    runs: list[RunSummary]
+    next_cursor: str | None = None
+
+
+class TreeNode(BaseModel):
+    """A conversation of the job's tree."""
+
+    conversation_id: str
+    parent_id: str | None
+    kind: str
+    agent: str
+    depth: int
+    status: TurnStatus | None
+    steps: int
+    usage: Usage
+
+
+class RunTree(BaseModel):
+    job: JobStatus
+    budget: dict[str, Any] | None = None
+    steps: int
+    tool_calls: int
+    subagents: int
+    started_at: datetime
+    finished_at: datetime | None = None
+    conversations: list[TreeNode]
+
+
+class EventPage(BaseModel):
+    """Stored events in seq order; ``next_after``: ask again after it (None: no more now)."""
+
+    events: list[Event]
+    next_after: int | None = None
+
+
+def _seconds(turn: Turn) -> float | None:
+    if turn.finished_at is None:
+        return None
+    return round((turn.finished_at - turn.started_at).total_seconds(), 3)
+
+
+def _tree_usage(turn: Turn) -> Usage:
+    return Usage(
+        input_tokens=turn.tree_input_tokens,
+        output_tokens=turn.tree_output_tokens,
+        cost_usd=turn.tree_cost_usd,
+    )
+
+
+@router.get("", response_model=RunPage)
+def list_runs(
+    principal: Reader,
+    request: Request,
+    status: TurnStatus | None = None,
+    agent: Annotated[str | None, Query(max_length=64)] = None,
+    tenant: Annotated[str | None, Query(max_length=64)] = None,
+    since: Annotated[datetime | None, Query(description="Started at or after.")] = None,
+    until: Annotated[datetime | None, Query(description="Started before.")] = None,
+    text: Annotated[str | None, Query(max_length=200, description="In the input.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=400)] = None,
+) -> RunPage:
+    """Top-level jobs, newest first, with their trees' counts."""
+    client = client_of(request)
+    found = listing.page(
+        client,
+        principal,
+        status=None if status is None else status.value,
+        agent=agent,
+        tenant=tenant,
+        since=since,
+        until=until,
+        limit=limit,
+        cursor=cursor,
+        text=text,
+    )
+    ids = [job.job_id for job in found.jobs]
+    with client.runtime.session() as session:
+        turns = {t.id: t for t in session.exec(select(Turn).where(col(Turn.id).in_(ids))).all()}
+    runs = [
+        RunSummary(
+            **job.model_dump(),
+            input=turns[job.job_id].input_text[:INPUT_PREVIEW],
+            steps=turns[job.job_id].tree_steps,
+            tool_calls=turns[job.job_id].tree_tool_calls,
+            subagents=turns[job.job_id].tree_children,
+            usage=_tree_usage(turns[job.job_id]),
+            seconds=_seconds(turns[job.job_id]),
+        )
+        for job in found.jobs
+    ]
+    return RunPage(runs=runs, next_cursor=found.next_cursor)
+
+
+@router.get("/{job_id}", response_model=RunTree)
+def tree(job_id: JobId, principal: Reader, request: Request) -> RunTree:
+    """The job, its budget, and every conversation of its tree that served it."""
+    client = client_of(request)
+    job = tenants.job(client, principal, job_id)
+    status = job.status()
+    with client.runtime.session() as session:
+        turn = session.get(Turn, job.id)
+        assert turn is not None  # tenants.job found it
+        turns = session.exec(
+            select(Turn).where(or_(col(Turn.job_id) == job.id, col(Turn.id) == job.id))
+        ).all()
+        by_conversation = {t.conversation_id: t for t in turns}
+        conversations = session.exec(
+            select(Conversation).where(col(Conversation.id).in_(list(by_conversation)))
+        ).all()
+        nodes = [
+            TreeNode(
+                conversation_id=c.id,
+                parent_id=c.parent_id if c.id != job.conversation_id else None,
+                kind=c.kind,
+                agent=by_conversation[c.id].agent,
+                depth=c.depth,
+                status=by_conversation[c.id].status,
+                steps=by_conversation[c.id].steps,
+                usage=Usage(
+                    input_tokens=by_conversation[c.id].input_tokens,
+                    output_tokens=by_conversation[c.id].output_tokens,
+                    cost_usd=by_conversation[c.id].cost_usd,
+                ),
+            )
+            for c in sorted(conversations, key=lambda c: (c.depth, c.created_at, c.id))
+        ]
+        return RunTree(
+            job=status,
+            budget=turn.budget,
+            steps=turn.tree_steps,
+            tool_calls=turn.tree_tool_calls,
+            subagents=turn.tree_children,
+            started_at=turn.started_at,
+            finished_at=turn.finished_at,
+            conversations=nodes,
+        )
+
+
+@router.get("/{job_id}/events", response_model=EventPage)
+def events(
+    job_id: JobId,
+    principal: Reader,
+    request: Request,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE)] = 1000,
+) -> EventPage:
+    """The job's stored events after ``after`` (its subagents' included), in
+    seq order. A page never leaves out an event that could still commit
+    below its last seq, so ``next_after`` is safe to resume the stream from."""
+    client = client_of(request)
+    job = tenants.job(client, principal, job_id)
+    with client.runtime.session() as session:
+        turn = session.get(Turn, job.id)
+        assert turn is not None
+        query = select(EventRow).where(
+            EventRow.root_id == job.root_id,
+            EventRow.correlation_id == turn.correlation_id,
+            EventRow.seq > after,
+        )
+        bound = visible_below(session)
+        if bound is not None:
+            query = query.where(bound)
+        rows = session.exec(query.order_by(col(EventRow.seq)).limit(limit + 1)).all()
+    found = [row_to_event(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    return EventPage(events=found, next_after=found[-1].seq if more and found else None)
