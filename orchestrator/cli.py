@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Chorus: durable LLM agent runs on Celery.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+token_app = typer.Typer(
+    help="Bearer tokens of the HTTP API (`chorus server`).", no_args_is_help=True
+)
+app.add_typer(token_app, name="token")
 # Never wrap (piped output keeps its lines) and never read markup or
 # highlight in what is printed: model text is shown verbatim. Styles are
 # given as Text spans, not markup.
@@ -424,6 +429,87 @@ def send(
     entry = client.send(conversation, text, context_data=data, priority=priority)
     job = client.job_for_message(conversation, entry)
     console.print(f"message {entry}: " + (f"job {job.id}" if job else "queued"))
+
+
+@app.command()
+def server(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    keepalive: Annotated[
+        float, typer.Option(help="Seconds without an event before an SSE keep-alive comment.")
+    ] = 15.0,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info",
+) -> None:
+    """Serve the HTTP API (/v1, /openapi.json) with uvicorn. Requests carry
+    a bearer token from `chorus token create`."""
+    import uvicorn
+
+    from orchestrator.server.app import create_app
+
+    application = create_app(_settings(), keepalive=keepalive)
+    uvicorn.run(application, host=host, port=port, log_level=loglevel.lower())
+
+
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+@token_app.command("create")
+def token_create(
+    tenant: Annotated[str, typer.Option(help="The tenant its jobs belong to.")],
+    scope: Annotated[str, typer.Option(help="read, submit (and read) or admin (every tenant).")],
+    name: Annotated[str | None, typer.Option(help="A label (who or what uses it).")] = None,
+) -> None:
+    """Create a token and print it, once: only its hash is stored."""
+    from orchestrator.errors import InvalidRequestError
+    from orchestrator.runtime import Runtime
+    from orchestrator.store import token_sql
+
+    if not _TENANT.fullmatch(tenant):
+        raise InvalidRequestError(
+            "--tenant: 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            ["tenant"],
+        )
+    if scope not in {s.value for s in token_sql.Scope}:
+        raise InvalidRequestError("--scope: read, submit or admin", ["scope"])
+    if name is not None and not 0 < len(name) <= 200:
+        raise InvalidRequestError("--name: 1 to 200 characters", ["name"])
+    with Runtime(_settings()).session() as session:
+        row, token = token_sql.create(session, tenant, token_sql.Scope(scope), name)
+        prefix = row.prefix
+    errors.print(f"token {prefix} ({scope}, tenant {tenant}); shown once, keep it:")
+    console.print(token)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """Every token: id, prefix, scope, tenant, name, created, revoked (never the token)."""
+    from orchestrator.runtime import Runtime
+    from orchestrator.store import token_sql
+
+    with Runtime(_settings()).session() as session:
+        rows = token_sql.listed(session)
+    for row in rows:
+        revoked = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "active"
+        console.print(
+            f"{row.id}  {row.prefix}  {row.scope:<6}  {row.tenant}  {row.name or '-'}  "
+            f"{row.created_at:%Y-%m-%d %H:%M}  {revoked}"
+        )
+
+
+@token_app.command("revoke")
+def token_revoke(token: Annotated[str, typer.Argument(help="Its prefix or id.")]) -> None:
+    """Revoke a token: requests with it answer 401 from now on."""
+    from orchestrator.errors import InvalidRequestError
+    from orchestrator.runtime import Runtime
+    from orchestrator.store import token_sql
+    from orchestrator.store.values import check
+
+    check(token, "token")
+    with Runtime(_settings()).session() as session:
+        revoked = token_sql.revoke(session, token)
+    if not revoked:
+        raise InvalidRequestError(f"no active token {token[:64]!r}", ["token"])
+    console.print(f"revoked {token}")
 
 
 @app.command()

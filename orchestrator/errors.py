@@ -13,8 +13,12 @@
     │   │   │                          setting only a registered agent may set
     │   │   └── PatternTimeoutError    a schema's pattern ran out of time
     │   ├── ConversationNotFound
+    │   ├── JobNotFound           no job by that id (for the caller)
     │   ├── ToolOutputNotFound    no archived tool output by that handle
     │   ├── ConversationBusyError a turn is running on that conversation
+    │   ├── JobNotFinishedError   the job's turn still runs
+    │   ├── AuthenticationError   no valid token (HTTP API)
+    │   ├── PermissionDeniedError the token's scope does not allow it
     │   └── ConfigurationError    settings missing or contradictory
     └── AgentRunError             something failed while running
         ├── ModelError            the model API failed (status, body)
@@ -132,6 +136,28 @@ class ConversationNotFound(UserError):
     def __init__(self, conversation_id: str) -> None:
         self.conversation_id = conversation_id
         super().__init__(f"no conversation {conversation_id!r}")
+
+
+class JobNotFound(UserError):
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job {job_id!r}")
+
+
+class JobNotFinishedError(UserError):
+    """The job's turn still runs (its answer was asked for)."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id!r} is still running; wait for it to finish")
+
+
+class AuthenticationError(UserError):
+    """No token, or one that is unknown, malformed or revoked (HTTP API)."""
+
+
+class PermissionDeniedError(UserError):
+    """The token's scope does not allow the operation (HTTP API)."""
 
 
 class ToolOutputNotFound(UserError):

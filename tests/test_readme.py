@@ -216,6 +216,9 @@ def _running_against_real_services(settings: Settings, tmp_path: Path) -> dict[s
 RUN_BASH = {
     "export CHORUS_REDIS_URL=redis://127.0.0.1:6379/0": "test_running_against_real_services",
     "chorus local --example pipeline": "test_the_pipeline_example_runs_on_the_embedded_default",
+    # tests/server/test_readme_blocks.py runs these two, tokens first
+    "chorus server --host 127.0.0.1 --port 8000 &": "test_the_http_api_blocks_run",
+    "ACME=$(chorus token create --tenant acme --scope": "test_the_http_api_blocks_run",
 }
 
 

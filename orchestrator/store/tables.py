@@ -111,6 +111,10 @@ class Conversation(SQLModel, table=True):
     cost_usd: float = 0.0
     #: The agent's todo list (``manage_todo_list``), items as ``TodoItem`` dicts.
     plan: list[dict[str, Any]] | None = _json()
+    #: The tenant of the HTTP API token whose job created this root
+    #: conversation (``orchestrator/server``); None for the Python client's.
+    #: A conversation belongs to its root's tenant.
+    tenant: str | None = Field(default=None, index=True, max_length=64)
     created_at: datetime = _time()
 
     __table_args__ = (Index("ix_chorus_conversation_running", "state", "progress_at"),)

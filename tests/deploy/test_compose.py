@@ -32,12 +32,12 @@ DOCKERFILE = ROOT / "Dockerfile"
 
 IMAGE = "chorus:local"
 #: Services running the Chorus image; each command is checked against its CLI.
-CHORUS_SERVICES = ("migrate", "llm", "tools", "control", "beat", "flower", "metrics")
+CHORUS_SERVICES = ("migrate", "llm", "tools", "control", "beat", "flower", "metrics", "server")
 WORKERS = ("llm", "tools", "control")
 #: Services that start only once the migration job has succeeded.
-AFTER_MIGRATIONS = (*WORKERS, "beat", "metrics")
-LONG_RUNNING = (*WORKERS, "beat", "flower", "metrics", "redis", "postgres")
-HEALTHCHECKED = (*WORKERS, "beat", "flower", "metrics", "redis", "postgres")
+AFTER_MIGRATIONS = (*WORKERS, "beat", "metrics", "server")
+LONG_RUNNING = (*WORKERS, "beat", "flower", "metrics", "server", "redis", "postgres")
+HEALTHCHECKED = (*WORKERS, "beat", "flower", "metrics", "server", "redis", "postgres")
 
 #: How each program a container runs is reached from this test's interpreter.
 CLIS = {
@@ -279,6 +279,15 @@ def test_metrics_exporter_is_published(project: Project) -> None:
     assert {p["target"] for p in metrics["ports"]} == {9108}
 
 
+def test_http_api_is_published_and_checked_by_its_liveness_route(project: Project) -> None:
+    server = service(project, "server")
+    command = server["command"]
+    assert command[:2] == ["chorus", "server"]
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    assert {p["target"] for p in server["ports"]} == {int(command[command.index("--port") + 1])}
+    assert "/v1/health" in " ".join(server["healthcheck"]["test"])
+
+
 # --- configuration only through the environment, all of it documented ------------------------
 
 
@@ -288,7 +297,7 @@ def documented_variables() -> set[str]:
     return set(pattern.findall(ENV_EXAMPLE.read_text()))
 
 
-@pytest.mark.parametrize("name", ["migrate", "beat", "metrics"])
+@pytest.mark.parametrize("name", ["migrate", "beat", "metrics", "server"])
 def test_services_that_call_no_model_get_no_provider_key(tmp_path: Path, name: str) -> None:
     # Given a .env with provider keys and the same keys in the shell
     directory = project_copy(tmp_path, dotenv=ENV_EXAMPLE)

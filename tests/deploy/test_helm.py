@@ -77,6 +77,13 @@ FULL_VALUES: dict[str, Any] = {
             "tls": [{"secretName": "chorus-tls", "hosts": ["chorus.example.com"]}],
         },
     },
+    "server": {
+        "ingress": {
+            "enabled": True,
+            "className": "nginx",
+            "hosts": [{"host": "api.example.com", "paths": [{"path": "/", "pathType": "Prefix"}]}],
+        },
+    },
 }
 
 Manifest = dict[str, Any]
@@ -306,7 +313,7 @@ def test_pods_that_never_call_a_model_get_no_provider_keys(
     sets = () if scenario == "full" else ("secret.env.OPENAI_API_KEY=sk-not-for-flower",)
     manifests = render(helm, *scenario_files(scenario, full_values), sets=sets)
     secret = "chorus-env" if scenario == "full" else f"{FULLNAME}-env"
-    for name in ("beat", "flower", "metrics"):
+    for name in ("beat", "flower", "metrics", "server"):
         c = container(one(manifests, "Deployment", f"{FULLNAME}-{name}"))
         assert not [s for s in c.get("envFrom", []) if "secretRef" in s], name
         refs = {
@@ -317,6 +324,7 @@ def test_pods_that_never_call_a_model_get_no_provider_keys(
         allowed = BROKER_KEYS | {
             "flower": {"FLOWER_BASIC_AUTH"},
             "metrics": {"CHORUS_DATABASE_URL"},
+            "server": {"CHORUS_DATABASE_URL"},
         }.get(name, set())
         assert "CHORUS_REDIS_URL" in refs and refs.keys() <= allowed, (name, refs)
         assert set(refs.values()) == {secret}
@@ -411,6 +419,35 @@ def test_metrics_exporter(helm: Helm, default_manifests: list[Manifest]) -> None
     assert service["spec"]["ports"][0]["port"] == 9108
     off = render(helm, sets=("metrics.enabled=false",))
     assert not [m for m in off if m["metadata"]["name"] == f"{FULLNAME}-metrics"]
+
+
+def test_http_api_server(helm: Helm, default_manifests: list[Manifest]) -> None:
+    server = one(default_manifests, "Deployment", f"{FULLNAME}-server")
+    c = container(server)
+    assert c["command"] == ["chorus"]
+    assert c["args"][:5] == ["server", "--host", "0.0.0.0", "--port", "8000"]
+    # liveness is the process (an outage of Postgres or Redis does not
+    # restart it); readiness is Postgres and Redis
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v1/health", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v1/ready", "port": "http"}
+    assert server["spec"]["replicas"] >= 1
+    service = one(default_manifests, "Service", f"{FULLNAME}-server")
+    assert service["spec"]["ports"][0] == {
+        "name": "http",
+        "port": 8000,
+        "targetPort": "http",
+        "protocol": "TCP",
+    }
+    off = render(helm, sets=("server.enabled=false",))
+    assert not [m for m in off if m["metadata"]["name"] == f"{FULLNAME}-server"]
+
+
+def test_server_ingress(full_manifests: list[Manifest]) -> None:
+    ingress = one(full_manifests, "Ingress", f"{FULLNAME}-server")
+    [rule] = ingress["spec"]["rules"]
+    assert rule["host"] == "api.example.com"
+    [path] = rule["http"]["paths"]
+    assert path["backend"]["service"] == {"name": f"{FULLNAME}-server", "port": {"number": 8000}}
 
 
 @pytest.mark.parametrize("scenario", ["default", "full"])
@@ -549,7 +586,7 @@ def run_help(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProces
 
 def workload_names() -> list[str]:
     pools = [f"worker-{p}" for p in DEFAULT_POOLS]
-    return [*pools, "beat", "flower", "metrics", "migration"]
+    return [*pools, "beat", "flower", "metrics", "server", "migration"]
 
 
 @pytest.mark.parametrize("name", workload_names())

@@ -69,6 +69,7 @@ LAYERS = {
     "orchestrator.turn_ends": "api",
     # entry points: processes, commands, the test harness
     "orchestrator.cli": "entry",
+    "orchestrator.server": "entry",
     "orchestrator.local": "entry",
     "orchestrator.supervisor": "entry",
     "orchestrator.liveness": "entry",

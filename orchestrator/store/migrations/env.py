@@ -6,7 +6,9 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 from sqlmodel import SQLModel
 
-import orchestrator.store.tables  # noqa: F401  (registers the tables)
+# registers the tables, and the HTTP API's tokens
+import orchestrator.store.tables
+import orchestrator.store.token_sql  # noqa: F401
 
 config = context.config
 target_metadata = SQLModel.metadata

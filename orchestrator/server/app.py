@@ -1,0 +1,82 @@
+"""The ASGI application: ``create_app(settings)``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from orchestrator.client import Client
+from orchestrator.server import conversations, errors, jobs
+from orchestrator.server.auth import client_of
+from orchestrator.server.models import Ready
+from orchestrator.settings import Settings
+
+#: Seconds without an event before an SSE stream sends a keep-alive comment.
+KEEPALIVE = 15.0
+
+
+def create_app(settings: Settings, *, keepalive: float = KEEPALIVE) -> FastAPI:
+    """The HTTP API over one :class:`Client` of ``settings``' fleet."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = Client(settings)
+        app.state.client = client
+        try:
+            yield
+        finally:
+            client.close()
+
+    app = FastAPI(
+        title="Chorus",
+        version="1",
+        description=(
+            "Durable LLM agent runs. Bearer tokens from `chorus token create`; errors are "
+            "`{type, message, fields}`; events are Server-Sent Events whose ids are event seqs."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.keepalive = keepalive
+    errors.install(app)
+    app.include_router(jobs.router)
+    app.include_router(conversations.router)
+
+    @app.get("/v1/health", tags=["probes"])
+    def health() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get(
+        "/v1/ready",
+        tags=["probes"],
+        response_model=Ready,
+        responses={503: {"model": Ready, "description": "Postgres or Redis is unreachable"}},
+    )
+    def ready(request: Request) -> JSONResponse:
+        """Readiness: Postgres and Redis answer."""
+        client = client_of(request)
+        state = Ready(postgres=_answers_sql(client), redis=_answers_redis(client))
+        ok = state.postgres and state.redis
+        return JSONResponse(state.model_dump(), status_code=200 if ok else 503)
+
+    return app
+
+
+def _answers_sql(client: Client) -> bool:
+    try:
+        with client.runtime.session() as session:
+            session.execute(text("SELECT 1"))
+        return True
+    except Exception:
+        return False
+
+
+def _answers_redis(client: Client) -> bool:
+    try:
+        return bool(client.runtime.redis.ping())
+    except Exception:
+        return False

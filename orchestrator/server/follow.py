@@ -1,0 +1,107 @@
+"""Events as an async iterator, for the SSE routes.
+
+The one place that knows how events are read: today the sync
+:class:`~orchestrator.client.Client`'s ``Job.events()`` runs in a thread of
+its own per follower (not the shared thread pool, which a thousand
+followers would exhaust) and hands each event to the event loop. When the
+``AsyncClient`` lands, :func:`job_events` and :func:`tree_events` become
+``async for`` over its ``events()``, and nothing else changes.
+
+A follower that disconnects stops its thread at the next event it would
+have sent (or when the turn ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+
+from sqlmodel import col, select
+
+from orchestrator.client import Client, Job
+from orchestrator.events import row_to_event, visible_below
+from orchestrator.store.tables import Conversation, EventRow
+from schemas import Event
+
+
+class _End:
+    """The thread's last word: the error it ended with, if any."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+
+async def _threaded(events: Callable[[], Iterator[Event]]) -> AsyncIterator[Event]:
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Event | _End] = asyncio.Queue()
+    stop = threading.Event()
+
+    def put(item: Event | _End) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            stop.set()
+
+    def run() -> None:
+        try:
+            for event in events():
+                put(event)
+                if stop.is_set():
+                    return
+        except BaseException as exc:
+            put(_End(exc))
+        else:
+            put(_End())
+
+    threading.Thread(target=run, name="chorus-sse-follower", daemon=True).start()
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, _End):
+                if item.error is not None:
+                    raise item.error
+                return
+            yield item
+    finally:
+        stop.set()
+
+
+def job_events(job: Job, since: int, deltas: bool) -> AsyncIterator[Event]:
+    """The job's events after ``since``, live until its turn ends."""
+    return _threaded(lambda: job.events(since=since, deltas=deltas))
+
+
+def tree_events(client: Client, root_id: str, since: int, deltas: bool) -> AsyncIterator[Event]:
+    """Every event of the conversation tree after ``since``: the stored
+    ones, then each turn that runs on the root conversation, live, until
+    the root is idle (a turn a queued message starts is followed too)."""
+    return _threaded(lambda: _tree(client, root_id, since, deltas))
+
+
+def _tree(client: Client, root_id: str, since: int, deltas: bool) -> Iterator[Event]:
+    last = since
+    while True:
+        for event in _stored(client, root_id, last):
+            last = event.seq or last
+            yield event
+        with client.runtime.session() as session:
+            root = session.get(Conversation, root_id)
+            running = root.turn_id if root is not None and root.state == "running" else None
+        if running is None:
+            return
+        for event in client.job(running).events(since=last, deltas=deltas):
+            last = event.seq or last
+            yield event
+
+
+def _stored(client: Client, root_id: str, after: int) -> list[Event]:
+    """The tree's stored events after ``after`` that can no longer be
+    preceded by one committing later."""
+    with client.runtime.session() as session:
+        query = select(EventRow).where(EventRow.root_id == root_id, EventRow.seq > after)
+        bound = visible_below(session)
+        if bound is not None:
+            query = query.where(bound)
+        rows = session.exec(query.order_by(col(EventRow.seq))).all()
+        return [row_to_event(r) for r in rows]

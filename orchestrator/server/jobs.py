@@ -1,0 +1,162 @@
+"""``/v1/jobs``: submit, read, cancel, list and follow jobs."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from orchestrator.client import Job
+from orchestrator.errors import JobFailedError, JobNotFinishedError
+from orchestrator.server import follow, listing, sse, tenants
+from orchestrator.server.auth import Reader, Submitter, client_of
+from orchestrator.server.errors import COMMON, responses
+from orchestrator.server.models import JobCreated, JobPage, JobResult, JobUsage, SubmitRequest
+from orchestrator.server.params import (
+    Deltas,
+    JobId,
+    LastEventHeader,
+    LastEventQuery,
+    resume_after,
+)
+from orchestrator.store.token_sql import Principal
+from schemas import JobStatus, TurnStatus
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=responses(*COMMON))
+
+#: Longest ``wait`` of a result request, in seconds.
+MAX_WAIT = 30.0
+
+
+@router.post("", status_code=201, response_model=JobCreated)
+def submit(body: SubmitRequest, principal: Submitter, request: Request) -> JobCreated:
+    """Start a turn of a registered agent. A second submit with the same
+    ``idempotency_key`` (by the same tenant) returns the first job."""
+    client = client_of(request)
+    if body.conversation_id is not None:
+        tenants.conversation(client, principal, body.conversation_id)
+    key = body.idempotency_key
+    job = client.submit(
+        body.agent,
+        body.input,
+        conversation_id=body.conversation_id,
+        context_data={**body.context_data, "tenant": principal.tenant},
+        idempotency_key=None if key is None else f"{principal.tenant}:{key}",
+        budget=body.budget,
+        priority=body.priority,
+    )
+    if body.conversation_id is None:
+        tenants.stamp(client, job.root_id, principal.tenant)
+    return JobCreated(job_id=job.id, conversation_id=job.conversation_id, root_id=job.root_id)
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    principal: Reader,
+    request: Request,
+    status: TurnStatus | None = None,
+    agent: Annotated[str | None, Query(max_length=64)] = None,
+    tenant: Annotated[str | None, Query(max_length=64)] = None,
+    since: Annotated[datetime | None, Query(description="Started at or after.")] = None,
+    until: Annotated[datetime | None, Query(description="Started before.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=400)] = None,
+) -> JobPage:
+    """Top-level jobs, newest first. Only an admin token sees other tenants'."""
+    return listing.page(
+        client_of(request),
+        principal,
+        status=None if status is None else status.value,
+        agent=agent,
+        tenant=tenant,
+        since=since,
+        until=until,
+        limit=limit,
+        cursor=cursor,
+    )
+
+
+def _job(request: Request, principal: Principal, job_id: str) -> Job:
+    return tenants.job(client_of(request), principal, job_id)
+
+
+@router.get("/{job_id}", response_model=JobStatus)
+def status(job_id: JobId, principal: Reader, request: Request) -> JobStatus:
+    """Where the job stands: status, step, answer or error, usage."""
+    return _job(request, principal, job_id).status()
+
+
+@router.get("/{job_id}/usage", response_model=JobUsage)
+def usage(job_id: JobId, principal: Reader, request: Request) -> JobUsage:
+    found = _job(request, principal, job_id).status()
+    return JobUsage(usage=found.usage, tree_usage=found.tree_usage)
+
+
+def _finished(job: Job, wait: float) -> JobStatus:
+    """The job's status once it finished completed; waits up to ``wait`` s."""
+    if wait > 0:
+        with contextlib.suppress(TimeoutError, JobFailedError):
+            job.result(timeout=wait)
+    found = job.status()
+    if found.status is TurnStatus.RUNNING:
+        raise JobNotFinishedError(job.id)
+    if found.status is not TurnStatus.COMPLETED:
+        raise JobFailedError(job.id, found.status.value, found.error)
+    return found
+
+
+Wait = Annotated[float, Query(ge=0, le=MAX_WAIT, description="Seconds to wait for the end.")]
+
+
+@router.get("/{job_id}/result", response_model=JobResult)
+def result(job_id: JobId, principal: Reader, request: Request, wait: Wait = 0) -> JobResult:
+    """The answer of a completed job (409 while it runs, or if it failed)."""
+    found = _finished(_job(request, principal, job_id), wait)
+    return JobResult(
+        job_id=found.job_id,
+        status=found.status,
+        output=found.output or "",
+        structured=found.structured,
+    )
+
+
+@router.get("/{job_id}/output")
+def output(job_id: JobId, principal: Reader, request: Request, wait: Wait = 0) -> Any:
+    """The structured output of a completed job whose agent has an
+    ``output`` model: the JSON it validated against it (null otherwise)."""
+    return _finished(_job(request, principal, job_id), wait).structured
+
+
+@router.post("/{job_id}/cancel", response_model=JobStatus)
+def cancel(job_id: JobId, principal: Submitter, request: Request) -> JobStatus:
+    """Cancel the job and every subagent under it (safe on a finished job)."""
+    job = _job(request, principal, job_id)
+    job.cancel()
+    return job.status()
+
+
+@router.get(
+    "/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={200: sse.STREAM_RESPONSE},
+)
+def events(
+    job_id: JobId,
+    principal: Reader,
+    request: Request,
+    last_event_id: LastEventQuery = None,
+    last_event_header: LastEventHeader = None,
+    deltas: Deltas = False,
+) -> StreamingResponse:
+    """The job's events as Server-Sent Events: stored ones, then live ones
+    until its turn ends."""
+    since = resume_after(last_event_header, last_event_id)
+    job = _job(request, principal, job_id)
+    return sse.stream(follow.job_events(job, since, deltas), request.app.state.keepalive)
+
+
+# Approvals (``POST /v1/approvals/{id}``) join here as their own router
+# (orchestrator/server/approvals.py), scoped like the rest: Submitter.

@@ -1,0 +1,36 @@
+"""Path, query and header parameters shared by the routes."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Header, Path, Query
+
+from orchestrator.client import MAX_ID_CHARS, MAX_SEQ
+from orchestrator.errors import InvalidRequestError
+
+JobId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
+ConversationId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
+EntryId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
+Deltas = Annotated[bool, Query(description="Include live `assistant.delta` events.")]
+LastEventQuery = Annotated[
+    int | None,
+    Query(ge=0, le=MAX_SEQ, description="Resume after this seq (for clients without headers)."),
+]
+LastEventHeader = Annotated[
+    str | None,
+    Header(alias="Last-Event-ID", description="Resume after this seq (sent on reconnect)."),
+]
+
+
+def resume_after(header: str | None, query: int | None) -> int:
+    """The seq to resume after: the query parameter, else the header, else 0."""
+    if query is not None:
+        return query
+    if header is None or header.strip() == "":
+        return 0
+    if not header.strip().isdigit() or int(header) > MAX_SEQ:
+        raise InvalidRequestError(
+            f"Last-Event-ID: expected an event seq from 0 to {MAX_SEQ}", ["Last-Event-ID"]
+        )
+    return int(header)

@@ -1,0 +1,188 @@
+"""Tokens and tenants over HTTP: every rule, through a real `chorus server`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import httpx
+import pytest
+
+from orchestrator import Client, Settings
+from tests.conftest import ROOT, worker_env
+from tests.server.conftest import Server, bearer, make_token
+
+pytestmark = pytest.mark.integration
+
+
+def _http(server: Server, token: str | None) -> httpx.Client:
+    headers = bearer(token) if token else {}
+    return httpx.Client(base_url=server.url, headers=headers, timeout=30)
+
+
+def _done(http: httpx.Client, agent: str, text: str, **extra: object) -> dict[str, str]:
+    job = http.post("/v1/jobs", json={"agent": agent, "input": text, **extra})
+    assert job.status_code == 201, job.text
+    found = dict(job.json())
+    answer = http.get(f"/v1/jobs/{found['job_id']}/result", params={"wait": 20})
+    assert answer.status_code == 200, answer.text
+    found["output"] = answer.json()["output"]
+    return found
+
+
+def _chorus(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=ROOT,
+        env=worker_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, b"Bearer", b"Bearer chorus_nope_nope", b"Basic abc", b"Bearer x\xc3\xa9"],
+)
+def test_a_request_without_a_valid_token_is_401(
+    server: Server, authorization: bytes | None
+) -> None:
+    headers = {"Authorization": authorization} if authorization else {}
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        answer = http.get("/v1/jobs", headers=headers)
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["type"] == "AuthenticationError"
+
+
+def test_a_read_token_reads_and_cannot_change_anything(
+    server: Server, acme: str, acme_reader: str
+) -> None:
+    with _http(server, acme) as writer, _http(server, acme_reader) as reader:
+        job = _done(writer, "quick", "for the reader")
+        conversation = job["conversation_id"]
+        # reading works
+        assert reader.get(f"/v1/jobs/{job['job_id']}").status_code == 200
+        assert reader.get(f"/v1/conversations/{conversation}/messages").status_code == 200
+        # changing does not
+        attempts = [
+            reader.post("/v1/jobs", json={"agent": "quick", "input": "no"}),
+            reader.post(f"/v1/jobs/{job['job_id']}/cancel"),
+            reader.post(f"/v1/conversations/{conversation}/messages", json={"text": "no"}),
+            reader.delete(f"/v1/conversations/{conversation}/queue"),
+            reader.post(f"/v1/conversations/{conversation}/fork"),
+        ]
+    for answer in attempts:
+        assert answer.status_code == 403, answer.text
+        assert answer.json()["type"] == "PermissionDeniedError"
+
+
+def test_the_tenant_is_the_tokens_and_other_tenants_see_nothing(
+    server: Server, client: Client, acme: str, globex: str
+) -> None:
+    with _http(server, acme) as mine, _http(server, globex) as theirs:
+        # Given acme's job, which tries to claim another tenant
+        job = _done(mine, "tenant-echo", "who am I", context_data={"tenant": "globex", "x": 1})
+        conversation = job["conversation_id"]
+
+        # Then its tools saw acme's tenant
+        assert json.loads(job["output"]) == {"tenant": "acme", "x": 1}
+
+        # And to globex every id of it is unknown
+        for answer in (
+            theirs.get(f"/v1/jobs/{job['job_id']}"),
+            theirs.get(f"/v1/jobs/{job['job_id']}/result"),
+            theirs.get(f"/v1/jobs/{job['job_id']}/events"),
+            theirs.post(f"/v1/jobs/{job['job_id']}/cancel"),
+        ):
+            assert answer.status_code == 404, answer.text
+            assert answer.json()["type"] == "JobNotFound"
+            assert job["job_id"] in answer.json()["message"]
+        for answer in (
+            theirs.get(f"/v1/conversations/{conversation}/messages"),
+            theirs.get(f"/v1/conversations/{conversation}/events"),
+            theirs.post(f"/v1/conversations/{conversation}/messages", json={"text": "hi"}),
+            theirs.post(f"/v1/conversations/{conversation}/fork"),
+            theirs.delete(f"/v1/conversations/{conversation}/queue"),
+            theirs.post(
+                "/v1/jobs", json={"agent": "quick", "input": "x", "conversation_id": conversation}
+            ),
+        ):
+            assert answer.status_code == 404, answer.text
+            assert answer.json()["type"] == "ConversationNotFound"
+        listed = theirs.get("/v1/jobs", params={"tenant": "acme"}).json()["jobs"]
+        assert listed == []
+        assert job["job_id"] not in [j["job_id"] for j in theirs.get("/v1/jobs").json()["jobs"]]
+
+        # And an idempotency key is each tenant's own
+        key = uuid.uuid4().hex
+        first = mine.post("/v1/jobs", json={"agent": "quick", "input": "a", "idempotency_key": key})
+        other = theirs.post(
+            "/v1/jobs", json={"agent": "quick", "input": "b", "idempotency_key": key}
+        )
+        assert first.json()["job_id"] != other.json()["job_id"]
+
+    # An admin token sees every tenant's, and filters by tenant
+    with _http(server, make_token(client, "ops", "admin")) as admin:
+        assert admin.get(f"/v1/jobs/{job['job_id']}").status_code == 200
+        acme_jobs = admin.get("/v1/jobs", params={"tenant": "acme", "limit": 500}).json()["jobs"]
+        assert job["job_id"] in [j["job_id"] for j in acme_jobs]
+        assert {j["tenant"] for j in acme_jobs} == {"acme"}
+
+
+def test_tokens_from_the_cli_work_until_revoked_and_are_never_shown_again(
+    server: Server, settings: Settings, client: Client
+) -> None:
+    # Given a token created with the CLI
+    created = _chorus(
+        settings, "token", "create", "--tenant", "initech", "--scope", "submit", "--name", "ci"
+    )
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip()
+    prefix = token.split("_")[1]
+    assert token.startswith(f"chorus_{prefix}_") and prefix in created.stderr
+
+    # When it is used, listed and revoked
+    with _http(server, token) as http:
+        job = _done(http, "quick", "with a CLI token")
+        listed = _chorus(settings, "token", "list")
+        revoked = _chorus(settings, "token", "revoke", prefix)
+        after = http.get(f"/v1/jobs/{job['job_id']}")
+    again = _chorus(settings, "token", "revoke", prefix)
+
+    # Then it worked, the list shows its prefix but never the token, and revoked it is 401
+    assert listed.returncode == 0 and prefix in listed.stdout and "initech" in listed.stdout
+    secret = token.split("_", 2)[2]
+    assert secret not in listed.stdout
+    assert revoked.returncode == 0, revoked.stderr
+    assert after.status_code == 401 and after.json()["type"] == "AuthenticationError"
+    assert again.returncode == 2 and "no active token" in again.stderr
+    # and the token is nowhere: not in the server's log, not in the job's events or rows
+    assert secret not in server.log.read_text(errors="replace")
+    events = client.job(job["job_id"]).events(deltas=False)
+    assert all(secret not in event.model_dump_json() for event in events)
+    with client.runtime.session() as session:
+        from orchestrator.store.token_sql import ApiToken
+
+        row = session.get(
+            ApiToken, next(r.id for r in session.query(ApiToken) if r.prefix == prefix)
+        )
+        assert row is not None and secret not in row.hash and row.revoked_at is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--tenant", "", "--scope", "read"], "--tenant"),
+        (["--tenant", "a b", "--scope", "read"], "--tenant"),
+        (["--tenant", "acme", "--scope", "root"], "--scope"),
+    ],
+)
+def test_the_cli_refuses_a_bad_token_request(
+    settings: Settings, args: list[str], field: str
+) -> None:
+    out = _chorus(settings, "token", "create", *args)
+    assert out.returncode == 2 and field in out.stderr, out.stderr

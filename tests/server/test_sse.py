@@ -1,0 +1,108 @@
+"""Live events over HTTP as Server-Sent Events: replay, follow, resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from orchestrator import Client
+from tests.server.conftest import job_of_message, sse
+
+pytestmark = pytest.mark.integration
+
+
+def _stored(client: Client, job_id: str) -> list[tuple[int, str]]:
+    return [(e.seq or 0, e.name.value) for e in client.job(job_id).events(deltas=False)]
+
+
+def _events(frames: Iterator[dict[str, str]]) -> Iterator[dict[str, str]]:
+    return (f for f in frames if "comment" not in f)
+
+
+def test_a_stream_replays_the_stored_events_and_ends(api: httpx.Client, client: Client) -> None:
+    job = api.post("/v1/jobs", json={"agent": "quick", "input": "stream me"}).json()
+    with api.stream("GET", f"/v1/jobs/{job['job_id']}/events") as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        frames = list(_events(sse(answer.iter_lines())))
+    assert frames[-1]["event"] == "end"
+    got = [(int(f["id"]), f["event"]) for f in frames[:-1]]
+    assert got == _stored(client, job["job_id"])
+    assert got[-1][1] == "turn.completed"
+    assert json.loads(frames[0]["data"])["name"] == got[0][1]
+
+
+def test_a_follower_that_reconnects_gets_exactly_the_rest(
+    api: httpx.Client, client: Client
+) -> None:
+    # Given a turn whose tools take seconds, followed live until its tools start
+    job = api.post("/v1/jobs", json={"agent": "slow-batch", "input": "slowly"}).json()
+    url = f"/v1/jobs/{job['job_id']}/events"
+    before: list[tuple[int, str]] = []
+    with api.stream("GET", url) as answer:
+        for frame in _events(sse(answer.iter_lines())):
+            before.append((int(frame["id"]), frame["event"]))
+            if frame["event"] == "tool.started":
+                break  # the connection drops mid-turn
+
+    # When it reconnects with the last id it saw (deltas asked for this time)
+    after: list[tuple[int, str]] = []
+    deltas, keepalives = 0, 0
+    headers = {"Last-Event-ID": str(before[-1][0])}
+    import time
+
+    t0 = time.monotonic()
+    with api.stream("GET", url, headers=headers, params={"deltas": "true"}) as answer:
+        for frame in sse(answer.iter_lines()):
+            print(
+                f"{time.monotonic() - t0:.2f}",
+                frame.get("event"),
+                frame.get("id"),
+                frame.get("comment"),
+            )
+            if "comment" in frame:
+                keepalives += 1
+            elif frame["event"] == "assistant.delta":
+                assert "id" not in frame
+                deltas += 1
+            elif frame["event"] != "end":
+                after.append((int(frame["id"]), frame["event"]))
+
+    # Then the two parts are the whole stored stream: none twice, none missing
+    assert before + after == _stored(client, job["job_id"])
+    assert after[-1][1] == "turn.completed"
+    assert keepalives >= 1  # the tools ran for seconds without an event
+    assert deltas >= 1
+
+    # And a client without headers resumes with the query parameter
+    with api.stream("GET", url, params={"last_event_id": before[-1][0]}) as answer:
+        rest = [(int(f["id"]), f["event"]) for f in _events(sse(answer.iter_lines())) if "id" in f]
+    assert rest == after
+
+
+def test_a_conversation_stream_covers_every_turn_of_its_tree(
+    api: httpx.Client, client: Client
+) -> None:
+    first = api.post("/v1/jobs", json={"agent": "quick", "input": "one"}).json()
+    api.get(f"/v1/jobs/{first['job_id']}/result", params={"wait": 20})
+    conversation = first["conversation_id"]
+    sent = api.post(f"/v1/conversations/{conversation}/messages", json={"text": "two"})
+    second = job_of_message(api, conversation, sent)
+    with api.stream("GET", f"/v1/conversations/{conversation}/events") as answer:
+        frames = [f for f in _events(sse(answer.iter_lines())) if "id" in f]
+    names = [f["event"] for f in frames]
+    assert names.count("turn.completed") == 2
+    seqs = [int(f["id"]) for f in frames]
+    assert seqs == sorted(set(seqs))
+    assert set(_stored(client, second)) <= set(zip(seqs, names, strict=True))
+    assert set(_stored(client, first["job_id"])) <= set(zip(seqs, names, strict=True))
+
+
+def test_a_bad_last_event_id_is_refused(api: httpx.Client) -> None:
+    job = api.post("/v1/jobs", json={"agent": "quick", "input": "x"}).json()
+    answer = api.get(f"/v1/jobs/{job['job_id']}/events", headers={"Last-Event-ID": "abc"})
+    assert answer.status_code == 422
+    assert answer.json()["fields"] == ["Last-Event-ID"]
