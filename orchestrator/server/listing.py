@@ -60,6 +60,7 @@ def page(
     until: datetime | None,
     limit: int,
     cursor: str | None,
+    text: str | None = None,
 ) -> JobPage:
     """One page of the jobs this principal may see. A non-admin token sees
     its own tenant's only: a ``tenant`` filter naming another finds none."""
@@ -77,6 +78,8 @@ def page(
     ):
         if value is not None:
             query = query.where(column == value)
+    if text is not None:
+        query = query.where(col(Turn.input_text).icontains(text, autoescape=True))
     if since is not None:
         query = query.where(col(Turn.started_at) >= since)
     if until is not None:

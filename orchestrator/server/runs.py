@@ -18,7 +18,8 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel
+from fastapi.responses import Response
+from pydantic import BaseModel, TypeAdapter
 from sqlalchemy import or_
 from sqlmodel import col, select
 
@@ -85,6 +86,9 @@ class EventPage(BaseModel):
 
     events: list[Event]
     next_after: int | None = None
+
+
+_PAGE = TypeAdapter(EventPage)
 
 
 def _seconds(turn: Turn) -> float | None:
@@ -198,7 +202,7 @@ def events(
     request: Request,
     after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE)] = 1000,
-) -> EventPage:
+) -> Response:
     """The job's stored events after ``after`` (its subagents' included), in
     seq order. A page never leaves out an event that could still commit
     below its last seq, so ``next_after`` is safe to resume the stream from."""
@@ -218,4 +222,7 @@ def events(
         rows = session.exec(query.order_by(col(EventRow.seq)).limit(limit + 1)).all()
     found = [row_to_event(r) for r in rows[:limit]]
     more = len(rows) > limit
-    return EventPage(events=found, next_after=found[-1].seq if more and found else None)
+    page = EventPage(events=found, next_after=found[-1].seq if more and found else None)
+    # serialized at once (not re-validated against the response model): a
+    # page of thousands of events is the common case here
+    return Response(_PAGE.dump_json(page), media_type="application/json")

@@ -68,17 +68,40 @@ def store_big_run(client: Client, tenant: str) -> str:
         children.append((child, child_turn, f"call-{i}"))
         conversations.append(_conversation(child, root, "big-child", None, child_turn, depth=1))
         turns.append(_turn(child_turn, child, root, "big-child", correlation, job))
-        log.add("subagent.requested", root, job, 0, tool="subagent__big-child",
-                tool_request_id=f"call-{i}", segment=0, params={"task": f"t{i}"})
+        log.add(
+            "subagent.requested",
+            root,
+            job,
+            0,
+            tool="subagent__big-child",
+            tool_request_id=f"call-{i}",
+            segment=0,
+            params={"task": f"t{i}"},
+        )
     for child, child_turn, rid in children:
-        log.add("subagent.started", root, job, 0, tool="subagent__big-child",
-                tool_request_id=rid, child_conversation_id=child, child_turn_id=child_turn)
+        log.add(
+            "subagent.started",
+            root,
+            job,
+            0,
+            tool="subagent__big-child",
+            tool_request_id=rid,
+            child_conversation_id=child,
+            child_turn_id=child_turn,
+        )
         log.add("turn.started", child, child_turn, 0, agent="big-child", input="t")
         for step in range(CHILD_STEPS):
             log.step(child, child_turn, step, "timed" if step < CHILD_STEPS - 1 else None)
         log.add("turn.completed", child, child_turn, CHILD_STEPS)
-        log.add("subagent.completed", root, job, 0, tool="subagent__big-child",
-                tool_request_id=rid, result="done")
+        log.add(
+            "subagent.completed",
+            root,
+            job,
+            0,
+            tool="subagent__big-child",
+            tool_request_id=rid,
+            result="done",
+        )
     step = 1
     while len(log.rows) < EVENTS - 8:
         log.step(root, job, step, "timed")

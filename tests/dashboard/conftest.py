@@ -72,7 +72,9 @@ def logged_in(browser: Browser, dash_server: Server) -> Iterator[LoggedIn]:
     contexts = []
 
     def login(token: str) -> Page:
-        context = browser.new_context(base_url=dash_server.url, viewport={"width": 1440, "height": 900})
+        context = browser.new_context(
+            base_url=dash_server.url, viewport={"width": 1440, "height": 900}
+        )
         contexts.append(context)
         page = context.new_page()
         page.goto("/dashboard/login")

@@ -16,7 +16,7 @@ from orchestrator import Client, Settings
 from tests.conftest import ROOT
 from tests.dashboard.bigrun import EVENTS, store_big_run
 from tests.dashboard.conftest import LoggedIn
-from tests.server.conftest import Server, bearer, start_server
+from tests.server.conftest import Server, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -123,13 +123,12 @@ def test_a_running_job_updates_live_and_resumes_after_the_server_restarts(
     # and lists every stored event exactly once, in order
     expect(page.locator("#live-state")).to_have_text("Finished.", timeout=30000)
     expect(page.locator("#job-status")).to_have_text("completed")
-    shown = [int(s) for s in page.locator("#events li").evaluate_all(
-        "items => items.map(li => li.dataset.seq)"
-    )]
+    shown = [
+        int(s)
+        for s in page.locator("#events li").evaluate_all("items => items.map(li => li.dataset.seq)")
+    ]
     assert shown == _stored_seqs(api, job_id)
-    live = page.evaluate(
-        "({d: window.chorusLive.duplicates, c: window.chorusLive.connections})"
-    )
+    live = page.evaluate("({d: window.chorusLive.duplicates, c: window.chorusLive.connections})")
     assert live == {"d": 0, "c": 2}
     expect(page.locator("#stream")).not_to_be_empty()  # the reply's text streamed in
     assert page.url.endswith(f"/dashboard/jobs/{job_id}")  # never reloaded

@@ -52,9 +52,11 @@ class Api:
         query = {k: v for k, v in params.items() if v not in (None, "")}
         answer = await self._http.get(path, params=query)
         if answer.status_code >= 400:
-            body = answer.json() if answer.headers.get("content-type", "").startswith(
-                "application/json"
-            ) else {"message": answer.text}
+            body = (
+                answer.json()
+                if answer.headers.get("content-type", "").startswith("application/json")
+                else {"message": answer.text}
+            )
             raise ApiError(answer.status_code, body)
         return answer.json()
 

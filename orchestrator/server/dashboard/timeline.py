@@ -227,7 +227,7 @@ def _model_event(step: Step, name: str, data: dict[str, Any], at: float) -> None
         seconds = float(data.get("seconds") or 0.0)
         step.model = Span(at - seconds, at)
     elif name == "llm.failed":
-        failure = {
+        failure: dict[str, Any] = {
             "kind": "model",
             "error": _short(data.get("error")),
             "status": data.get("status"),

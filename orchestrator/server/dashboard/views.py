@@ -56,7 +56,7 @@ def budget(run: dict[str, Any]) -> list[Gauge]:
 
 def seconds(value: float | None) -> str:
     if value is None:
-        return "–"
+        return "-"
     if value < 1:
         return f"{value * 1000:.0f} ms"
     if value < 120:
@@ -65,12 +65,12 @@ def seconds(value: float | None) -> str:
 
 
 def usd(value: float | None) -> str:
-    return "–" if value is None else f"${value:.4f}"
+    return "-" if value is None else f"${value:.4f}"
 
 
 def when(value: str | None) -> str:
     if not value:
-        return "–"
+        return "-"
     return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S")
 
 
