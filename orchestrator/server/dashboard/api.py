@@ -60,12 +60,15 @@ class Api:
             raise ApiError(answer.status_code, body)
         return answer.json()
 
-    async def events(self, job_id: str) -> list[dict[str, Any]]:
-        """Every stored event of the job, a page at a time."""
+    async def events(self, job_id: str, **filters: Any) -> list[dict[str, Any]]:
+        """Every stored event of the job that passes ``filters`` (see
+        ``GET /v1/runs/{job_id}/events``), a page at a time."""
         found: list[dict[str, Any]] = []
         after: int | None = 0
         while after is not None:
-            page = await self.get(f"/v1/runs/{job_id}/events", after=after, limit=EVENTS_PAGE)
+            page = await self.get(
+                f"/v1/runs/{job_id}/events", after=after, limit=EVENTS_PAGE, **filters
+            )
             found += page["events"]
             after = page["next_after"]
         return found

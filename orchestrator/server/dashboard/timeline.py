@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 #: Events whose call is a subagent's (its lane links to the child).
@@ -86,7 +87,7 @@ class Segment:
         """A call that runs alone (not parallelizable) is a barrier of its own."""
         return any(not lane.parallelizable for lane in self.lanes)
 
-    @property
+    @cached_property
     def ends(self) -> float | None:
         """When the last call finished: where the segment's barrier stands."""
         done = [lane.finished for lane in self.lanes]
@@ -94,7 +95,7 @@ class Segment:
             return None
         return max(d for d in done if d is not None)
 
-    @property
+    @cached_property
     def straggler(self) -> Lane | None:
         """The call the others waited for (None for a single call)."""
         if len(self.lanes) < 2 or self.ends is None:
@@ -116,9 +117,17 @@ class Step:
     output_tokens: int = 0
     cost_usd: float = 0.0
     text: str = ""
+    _segments: list[Segment] | None = field(default=None, repr=False)
+    _ends: float | None = field(default=None, repr=False)
 
     @property
     def segments(self) -> list[Segment]:
+        """The batch's segments (read once the events are all in: cached)."""
+        if self._segments is None:
+            self._segments = self._split()
+        return self._segments
+
+    def _split(self) -> list[Segment]:
         found: dict[int, list[Lane]] = {}
         for lane in self.lanes.values():
             found.setdefault(lane.segment, []).append(lane)
@@ -126,6 +135,11 @@ class Step:
 
     @property
     def ends(self) -> float:
+        if self._ends is None:
+            self._ends = self._last()
+        return self._ends
+
+    def _last(self) -> float:
         times = [self.begins]
         if self.model is not None:
             times.append(self.model.end)
