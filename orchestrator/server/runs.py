@@ -166,25 +166,33 @@ def tree(job_id: JobId, principal: Reader, request: Request) -> RunTree:
             select(Turn).where(or_(col(Turn.job_id) == job.id, col(Turn.id) == job.id))
         ).all()
         by_conversation = {t.conversation_id: t for t in turns}
-        conversations = session.exec(
-            select(Conversation).where(col(Conversation.id).in_(list(by_conversation)))
+        conversations = session.exec(  # not the agent specs: columns the tree shows
+            select(
+                Conversation.id,
+                Conversation.parent_id,
+                Conversation.kind,
+                Conversation.depth,
+                Conversation.created_at,
+            ).where(col(Conversation.id).in_(list(by_conversation)))
         ).all()
         nodes = [
             TreeNode(
-                conversation_id=c.id,
-                parent_id=c.parent_id if c.id != job.conversation_id else None,
-                kind=c.kind,
-                agent=by_conversation[c.id].agent,
-                depth=c.depth,
-                status=by_conversation[c.id].status,
-                steps=by_conversation[c.id].steps,
+                conversation_id=cid,
+                parent_id=parent if cid != job.conversation_id else None,
+                kind=kind,
+                agent=by_conversation[cid].agent,
+                depth=depth,
+                status=by_conversation[cid].status,
+                steps=by_conversation[cid].steps,
                 usage=Usage(
-                    input_tokens=by_conversation[c.id].input_tokens,
-                    output_tokens=by_conversation[c.id].output_tokens,
-                    cost_usd=by_conversation[c.id].cost_usd,
+                    input_tokens=by_conversation[cid].input_tokens,
+                    output_tokens=by_conversation[cid].output_tokens,
+                    cost_usd=by_conversation[cid].cost_usd,
                 ),
             )
-            for c in sorted(conversations, key=lambda c: (c.depth, c.created_at, c.id))
+            for cid, parent, kind, depth, _ in sorted(
+                conversations, key=lambda c: (c[3], c[4], c[0])
+            )
         ]
         return RunTree(
             job=status,

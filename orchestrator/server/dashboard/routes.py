@@ -3,6 +3,7 @@ live rows), one job (and its live view)."""
 
 from __future__ import annotations
 
+import asyncio
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -164,16 +165,19 @@ async def _job(request: Request, job_id: str, token: str) -> dict[str, Any]:
     newest events for the list: a run of 10,000 events and 200 subagents
     opens as fast as a small one."""
     path = f"/v1/runs/{urllib.parse.quote(job_id, safe='')}"
-    async with Api(request, token) as api:
-        me = await api.get("/v1/me")
-        run = await api.get(path)
+    quoted = path.removeprefix("/v1/runs/")
+    async with Api(request, token) as api:  # the API's routes run in threads: ask at once
+        me, run = await asyncio.gather(api.get("/v1/me"), api.get(path))
         conversations = run["conversations"]
         shown = request.query_params.get("conversation") or run["job"]["conversation_id"]
         if shown not in {c["conversation_id"] for c in conversations}:
             raise InvalidRequestError(f"conversation: {shown[:64]!r} is not in this job's tree")
-        own = await api.events(path.removeprefix("/v1/runs/"), conversation_id=shown)
-        marks = await api.events(path.removeprefix("/v1/runs/"), names=MARKS)
-        newest = (await api.get(f"{path}/events", newest="true", limit=EVENT_LOG))["events"]
+        own, marks, newest_page = await asyncio.gather(
+            api.events(quoted, conversation_id=shown),
+            api.events(quoted, names=MARKS),
+            api.get(f"{path}/events", newest="true", limit=EVENT_LOG),
+        )
+    newest = newest_page["events"]
     seqs = {e["seq"] for e in own}
     line = timeline.build(sorted(own + [e for e in marks if e["seq"] not in seqs], key=_seq))
     return {
