@@ -21,6 +21,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, TypeAdapter
 from sqlalchemy import func, or_
+from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
 from orchestrator.client import MAX_SEQ
@@ -166,13 +167,13 @@ def tree(job_id: JobId, principal: Reader, request: Request) -> RunTree:
             select(Turn).where(or_(col(Turn.job_id) == job.id, col(Turn.id) == job.id))
         ).all()
         by_conversation = {t.conversation_id: t for t in turns}
-        conversations = session.exec(  # not the agent specs: columns the tree shows
-            select(
-                Conversation.id,
-                Conversation.parent_id,
-                Conversation.kind,
-                Conversation.depth,
-                Conversation.created_at,
+        conversations = session.execute(  # not the agent specs: columns the tree shows
+            sql_select(
+                col(Conversation.id),
+                col(Conversation.parent_id),
+                col(Conversation.kind),
+                col(Conversation.depth),
+                col(Conversation.created_at),
             ).where(col(Conversation.id).in_(list(by_conversation)))
         ).all()
         nodes = [
