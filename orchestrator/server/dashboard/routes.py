@@ -31,7 +31,10 @@ STATIC = {
 #: Filters of the jobs list, passed to ``GET /v1/runs`` as they are.
 FILTERS = ("status", "agent", "tenant", "since", "until", "text", "cursor")
 #: Events listed on a job page (the newest).
-EVENT_LOG = 500
+EVENT_LOG = 200
+#: Steps of a long conversation drawn unless all are asked for: its first
+#: and its last ones.
+FIRST_STEPS, LAST_STEPS = 5, 15
 #: Events of any conversation of the tree a job page reads: what it marks.
 MARKS = "llm.failed,tool.failed,subagent.failed,turn.failed,agent.handoff,checkpoint.completed"
 MAX_TOKEN_CHARS = 200
@@ -187,12 +190,20 @@ async def _job(request: Request, job_id: str, token: str) -> dict[str, Any]:
         "timeline": line,
         "shown": shown,
         "shown_node": next(c for c in conversations if c["conversation_id"] == shown),
-        "steps": line.of(shown),
+        **_steps(line.of(shown), request.query_params.get("steps") == "all"),
         "budget": views.budget(run),
         "events": newest,
         "event_count": run["events"],
         "last_seq": max((_seq(e) for e in newest), default=0),
     }
+
+
+def _steps(steps: list[timeline.Step], every: bool) -> dict[str, Any]:
+    """The steps drawn, and how many are left out after the first ones."""
+    hidden = 0 if every else max(0, len(steps) - FIRST_STEPS - LAST_STEPS)
+    if hidden:
+        steps = steps[:FIRST_STEPS] + steps[-LAST_STEPS:]
+    return {"steps": steps, "hidden_steps": hidden, "first_steps": FIRST_STEPS}
 
 
 def _seq(event: dict[str, Any]) -> int:

@@ -34,8 +34,7 @@
     if (redraw !== null) return;
     redraw = setTimeout(function () {
       redraw = null;
-      const url = "/dashboard/jobs/" + encodeURIComponent(id) + "/view?conversation=" +
-        encodeURIComponent(job.dataset.conversation);
+      const url = "/dashboard/jobs/" + encodeURIComponent(id) + "/view" + window.location.search;
       htmx.ajax("GET", url, { target: "#view", swap: "innerHTML" });
     }, 250);
   }
