@@ -54,7 +54,7 @@ PARTLY = {
 #: Files the blocks that are not run name: they must exist.
 NAMED_FILES = [".env.example", "compose.yaml", "helm/chorus", "helm/values-example.yaml"]
 NAMED_FILES += [f"bench/{name}.py" for name in ("step_overhead", "fanout", "throughput")]
-NAMED_FILES += [f"bench/{name}.py" for name in ("history", "storage", "model_client")]
+NAMED_FILES += [f"bench/{name}.py" for name in ("history", "storage", "model_client", "api")]
 
 
 def _first(block: readme.Block) -> str:
@@ -264,7 +264,7 @@ def test_each_benchmark_command_starts() -> None:
     # must start from the repository root: --help shows its options
     (block,) = [b for b in readme.blocks() if _first(b) in NOT_RUN and "bench/" in b.body]
     commands = [line.split("#")[0].strip() for line in block.body.strip().splitlines()]
-    assert len(commands) == 9
+    assert len(commands) == 10
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
     for command in commands:
         out = _run_bash(

@@ -13,9 +13,7 @@ from orchestrator.server.params import (
     ConversationId,
     Deltas,
     EntryId,
-    LastEventHeader,
-    LastEventQuery,
-    resume_after,
+    ResumeAfter,
 )
 from schemas import Message, Usage
 
@@ -89,23 +87,17 @@ def usage(conversation_id: ConversationId, principal: Reader, request: Request) 
     return client.usage(conversation_id)
 
 
-@router.get(
-    "/{conversation_id}/events",
-    response_class=StreamingResponse,
-    responses={200: sse.STREAM_RESPONSE},
-)
+@router.get("/{conversation_id}/events", **sse.ROUTE)
 def events(
     conversation_id: ConversationId,
     principal: Reader,
     request: Request,
-    last_event_id: LastEventQuery = None,
-    last_event_header: LastEventHeader = None,
+    since: ResumeAfter,
     deltas: Deltas = False,
 ) -> StreamingResponse:
     """Every event of the conversation's tree (its root's) as Server-Sent
     Events: stored ones, then each turn that runs, live, until the root
     conversation is idle."""
-    since = resume_after(last_event_header, last_event_id)
     root = tenants.conversation(client_of(request), principal, conversation_id)
     stream = follow.tree_events(client_of(request), root, since, deltas)
     return sse.stream(stream, request.app.state.keepalive)

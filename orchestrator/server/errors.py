@@ -3,6 +3,7 @@ with the HTTP status its meaning says."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import redis
@@ -27,6 +28,8 @@ from orchestrator.errors import (
     ToolOutputNotFound,
     UserError,
 )
+
+log = logging.getLogger(__name__)
 
 
 class ErrorBody(BaseModel):
@@ -120,8 +123,16 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     return _answer(ServiceUnavailableError(f"a service is unavailable: {type(exc).__name__}"))
 
 
+async def _internal(request: Request, exc: Exception) -> JSONResponse:
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    error = ErrorBody(type="InternalError", message="the server failed; it is logged", fields=[])
+    return JSONResponse(error.model_dump(), status_code=500)
+
+
 def install(app: FastAPI) -> None:
-    """Answer every error as :class:`ErrorBody`."""
+    """Answer every error as :class:`ErrorBody` (an unexpected one as a 500
+    ``InternalError``, its traceback logged, never sent)."""
+    app.add_exception_handler(Exception, _internal)
     app.add_exception_handler(ChorusError, _chorus)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(HTTPException, _http)

@@ -18,9 +18,7 @@ from orchestrator.server.models import JobCreated, JobPage, JobResult, JobUsage,
 from orchestrator.server.params import (
     Deltas,
     JobId,
-    LastEventHeader,
-    LastEventQuery,
-    resume_after,
+    ResumeAfter,
 )
 from orchestrator.store.token_sql import Principal
 from schemas import JobStatus, TurnStatus
@@ -138,22 +136,16 @@ def cancel(job_id: JobId, principal: Submitter, request: Request) -> JobStatus:
     return job.status()
 
 
-@router.get(
-    "/{job_id}/events",
-    response_class=StreamingResponse,
-    responses={200: sse.STREAM_RESPONSE},
-)
+@router.get("/{job_id}/events", **sse.ROUTE)
 def events(
     job_id: JobId,
     principal: Reader,
     request: Request,
-    last_event_id: LastEventQuery = None,
-    last_event_header: LastEventHeader = None,
+    since: ResumeAfter,
     deltas: Deltas = False,
 ) -> StreamingResponse:
     """The job's events as Server-Sent Events: stored ones, then live ones
     until its turn ends."""
-    since = resume_after(last_event_header, last_event_id)
     job = _job(request, principal, job_id)
     return sse.stream(follow.job_events(job, since, deltas), request.app.state.keepalive)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Header, Path, Query
+from fastapi import Depends, Header, Path, Query
 
 from orchestrator.client import MAX_ID_CHARS, MAX_SEQ
 from orchestrator.errors import InvalidRequestError
@@ -23,8 +23,11 @@ LastEventHeader = Annotated[
 ]
 
 
-def resume_after(header: str | None, query: int | None) -> int:
+def _resume_after(
+    last_event_id: LastEventQuery = None, last_event_header: LastEventHeader = None
+) -> int:
     """The seq to resume after: the query parameter, else the header, else 0."""
+    header, query = last_event_header, last_event_id
     if query is not None:
         return query
     if header is None or header.strip() == "":
@@ -34,3 +37,7 @@ def resume_after(header: str | None, query: int | None) -> int:
             f"Last-Event-ID: expected an event seq from 0 to {MAX_SEQ}", ["Last-Event-ID"]
         )
     return int(header)
+
+
+#: An event stream's resume point: ``?last_event_id=``, else ``Last-Event-ID``, else 0.
+ResumeAfter = Annotated[int, Depends(_resume_after)]

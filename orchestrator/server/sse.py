@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from orchestrator.errors import ChorusError, ServiceUnavailableError
 from orchestrator.server.errors import body
 from schemas import Event
+
+log = logging.getLogger(__name__)
 
 MEDIA_TYPE = "text/event-stream"
 
@@ -29,6 +33,13 @@ STREAM_RESPONSE = {
         "`?last_event_id=`) to get exactly the events after it."
     ),
     "content": {MEDIA_TYPE: {"schema": {"type": "string"}}},
+}
+
+
+#: The arguments of an event stream's route.
+ROUTE: dict[str, Any] = {
+    "response_class": StreamingResponse,
+    "responses": {200: STREAM_RESPONSE},
 }
 
 
@@ -54,7 +65,8 @@ async def _frames(events: AsyncIterator[Event], keepalive: float) -> AsyncIterat
                 break
     except ChorusError as exc:
         yield f"event: error\ndata: {json.dumps(body(exc))}\n\n"
-    except (OSError, TimeoutError) as exc:
+    except Exception as exc:  # Postgres or Redis went away mid-stream, or a bug: logged
+        log.warning("an event stream failed", exc_info=exc)
         error = ServiceUnavailableError(f"reading events failed: {type(exc).__name__}")
         yield f"event: error\ndata: {json.dumps(body(error))}\n\n"
     finally:

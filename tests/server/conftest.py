@@ -42,7 +42,7 @@ def start_server(
     """`chorus server` on ``port`` (default: a free one), once /v1/health answers."""
     port = port or free_port()
     proc = subprocess.Popen(
-        [*CHORUS, "server", "--port", str(port), "--keepalive", str(KEEPALIVE), "-l", "warning"],
+        [*CHORUS, "server", "--port", str(port), "--keepalive", str(KEEPALIVE), "-l", "info"],
         cwd=ROOT,
         env=worker_env(settings),
         stdout=log.open("wb"),
