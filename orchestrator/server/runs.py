@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, TypeAdapter
 from sqlalchemy import func, or_
@@ -26,11 +26,11 @@ from sqlmodel import Session, col, select
 
 from orchestrator.client import MAX_SEQ
 from orchestrator.errors import InvalidRequestError
-from orchestrator.events import visible_below
-from orchestrator.server import listing, tenants
+from orchestrator.events import row_to_event, visible_below
+from orchestrator.server import jobs, tenants
 from orchestrator.server.auth import Reader, client_of
 from orchestrator.server.errors import COMMON, responses
-from orchestrator.server.models import JobSummary
+from orchestrator.server.models import JobPage, JobSummary
 from orchestrator.server.params import JobId
 from orchestrator.store.tables import Conversation, EventRow, Turn
 from schemas import Event, EventName, JobStatus, TurnStatus, Usage
@@ -110,32 +110,10 @@ def _tree_usage(turn: Turn) -> Usage:
 
 
 @router.get("", response_model=RunPage)
-def list_runs(
-    principal: Reader,
-    request: Request,
-    status: TurnStatus | None = None,
-    agent: Annotated[str | None, Query(max_length=64)] = None,
-    tenant: Annotated[str | None, Query(max_length=64)] = None,
-    since: Annotated[datetime | None, Query(description="Started at or after.")] = None,
-    until: Annotated[datetime | None, Query(description="Started before.")] = None,
-    text: Annotated[str | None, Query(max_length=200, description="In the input.")] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=400)] = None,
-) -> RunPage:
-    """Top-level jobs, newest first, with their trees' counts."""
+def list_runs(found: Annotated[JobPage, Depends(jobs.list_jobs)], request: Request) -> RunPage:
+    """Top-level jobs, newest first (the page ``GET /v1/jobs`` answers, with
+    its filters), with their trees' counts."""
     client = client_of(request)
-    found = listing.page(
-        client,
-        principal,
-        status=None if status is None else status.value,
-        agent=agent,
-        tenant=tenant,
-        since=since,
-        until=until,
-        limit=limit,
-        cursor=cursor,
-        text=text,
-    )
     ids = [job.job_id for job in found.jobs]
     with client.runtime.session() as session:
         turns = {t.id: t for t in session.exec(select(Turn).where(col(Turn.id).in_(ids))).all()}
@@ -247,27 +225,11 @@ def events(
         rows = list(session.exec(query.order_by(order).limit(limit + 1)).all())
     more = len(rows) > limit and not newest
     rows = sorted(rows[:limit], key=lambda r: r.seq)
-    found = [_event(r) for r in rows]
+    found = [row_to_event(r) for r in rows]
     page = EventPage(events=found, next_after=found[-1].seq if more and found else None)
     # serialized at once (not re-validated against the response model): a
     # page of thousands of events is the common case here
     return Response(_PAGE.dump_json(page), media_type="application/json")
-
-
-def _event(row: EventRow) -> Event:
-    """The stored row's event, unvalidated: it was validated when recorded
-    (a page of 5,000 is read in a fraction of the time)."""
-    return Event.model_construct(
-        name=EventName(row.name),
-        conversation_id=row.conversation_id,
-        root_id=row.root_id,
-        turn_id=row.turn_id,
-        step=row.step,
-        correlation_id=row.correlation_id,
-        time=row.created_at,
-        seq=row.seq,
-        data=row.data,
-    )
 
 
 def _names(names: str) -> list[str]:

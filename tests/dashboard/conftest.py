@@ -1,19 +1,19 @@
 """The dashboard in a real browser: the system's Chromium driven by
-Playwright, against `chorus server` on the shared test fleet."""
+Playwright, against the shared `chorus server` (tests/server/conftest.py)
+on the shared test fleet."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from orchestrator import Client, Settings
-from tests.server.conftest import Server, bearer, make_token, start_server
+from orchestrator import Client
+from tests.server.conftest import Server, bearer, make_token
+from tests.server.conftest import server as server  # the shared `chorus server`
 
 CHROMIUM = os.environ.get("CHORUS_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -22,17 +22,6 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
 ]
-
-
-@pytest.fixture(scope="module")
-def dash_server(settings: Settings, workers: Any) -> Iterator[Server]:
-    """`chorus server` of this module (a test may restart it on its port)."""
-    found = start_server(settings, Path(settings.state_dir) / "dashboard-server.log")
-    try:
-        yield found
-    finally:
-        found.proc.terminate()
-        found.proc.wait(15)
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +47,8 @@ def tokens(client: Client) -> dict[str, str]:
 
 
 @pytest.fixture
-def api(dash_server: Server, tokens: dict[str, str]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=dash_server.url, headers=bearer(tokens["acme"]), timeout=30) as h:
+def api(server: Server, tokens: dict[str, str]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, headers=bearer(tokens["acme"]), timeout=30) as h:
         yield h
 
 
@@ -67,14 +56,12 @@ LoggedIn = Callable[[str], Page]
 
 
 @pytest.fixture
-def logged_in(browser: Browser, dash_server: Server) -> Iterator[LoggedIn]:
+def logged_in(browser: Browser, server: Server) -> Iterator[LoggedIn]:
     """A page of a fresh browser context, logged in with the token given."""
     contexts = []
 
     def login(token: str) -> Page:
-        context = browser.new_context(
-            base_url=dash_server.url, viewport={"width": 1440, "height": 900}
-        )
+        context = browser.new_context(base_url=server.url, viewport={"width": 1440, "height": 900})
         contexts.append(context)
         page = context.new_page()
         page.goto("/dashboard/login")

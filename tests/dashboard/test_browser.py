@@ -105,7 +105,7 @@ def test_a_running_job_updates_live_and_resumes_after_the_server_restarts(
     api: httpx.Client,
     logged_in: LoggedIn,
     tokens: dict[str, str],
-    dash_server: Server,
+    server: Server,
     settings: Settings,
 ) -> None:
     # Given the page of a job whose three tools take seconds, open as it runs
@@ -116,8 +116,8 @@ def test_a_running_job_updates_live_and_resumes_after_the_server_restarts(
     expect(page.locator("#events li", has_text="tool.started")).to_have_count(3, timeout=15000)
 
     # When the server dies under the open stream and comes back
-    restarted = _restart(dash_server, settings)
-    dash_server.proc = restarted.proc  # the module's fixture stops this one
+    restarted = _restart(server, settings)
+    server.proc = restarted.proc  # the session's fixture stops this one
 
     # Then the page reconnects, follows the job to its end without reload,
     # and lists every stored event exactly once, in order
