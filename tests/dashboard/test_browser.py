@@ -122,7 +122,7 @@ def test_a_running_job_updates_live_and_resumes_after_the_server_restarts(
     # Then the page reconnects, follows the job to its end without reload,
     # and lists every stored event exactly once, in order
     expect(page.locator("#live-state")).to_have_text("Finished.", timeout=30000)
-    expect(page.locator("#job-status")).to_have_text("completed")
+    expect(page.locator("#job-status")).to_have_text("completed", timeout=10000)
     shown = [
         int(s)
         for s in page.locator("#events li").evaluate_all("items => items.map(li => li.dataset.seq)")

@@ -30,13 +30,26 @@
   const live = { seen: seen, duplicates: 0, connections: 0, last: function () { return last; } };
   window.chorusLive = live;
 
+  // Redraw the summary, tree and timeline from the server, at most one
+  // request at a time; events arriving meanwhile ask for one more after it.
+  let drawing = false;
+  let again = false;
   function refresh() {
     if (redraw !== null) return;
-    redraw = setTimeout(function () {
-      redraw = null;
+    redraw = setTimeout(draw, 250);
+  }
+  async function draw() {
+    redraw = null;
+    if (drawing) { again = true; return; }
+    drawing = true;
+    try {
       const url = "/dashboard/jobs/" + encodeURIComponent(id) + "/view" + window.location.search;
-      htmx.ajax("GET", url, { target: "#view", swap: "innerHTML" });
-    }, 250);
+      const answer = await fetch(url, { credentials: "same-origin" });
+      if (answer.ok) document.getElementById("view").innerHTML = await answer.text();
+    } finally {
+      drawing = false;
+      if (again) { again = false; refresh(); }
+    }
   }
 
   function append(event) {
