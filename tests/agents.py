@@ -1467,3 +1467,12 @@ Agent(
     tools=[timed, timed_barrier],
     subagents=["deep-researcher"],
 )
+
+register_script(  # followed live across a server restart: its tools outlast one
+    "dash-slow",
+    [
+        Reply.call(*(call("timed", label=f"s{i}", seconds=6.0) for i in range(3))),
+        echo_results,
+    ],
+)
+Agent("dash-slow", scripted_model("dash-slow"), tools=[timed])

@@ -108,9 +108,9 @@ def test_a_running_job_updates_live_and_resumes_after_the_server_restarts(
     server: Server,
     settings: Settings,
 ) -> None:
-    # Given the page of a job whose three tools take seconds, open as it runs
+    # Given the page of a job whose three tools take 6 s, open as it runs
     page = logged_in(tokens["acme"])
-    job_id = _submit(api, "slow-batch", "live please")
+    job_id = _submit(api, "dash-slow", "live please")
     page.goto(f"/dashboard/jobs/{job_id}")
     expect(page.locator("#live-state")).to_have_text("Live.")
     expect(page.locator("#events li", has_text="tool.started")).to_have_count(3, timeout=15000)

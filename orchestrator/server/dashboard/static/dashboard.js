@@ -25,6 +25,8 @@
   let last = Number(job.dataset.lastSeq || 0);
   let source = null;
   let ended = job.dataset.running !== "true";
+  let done = ended;  // the job's own turn ended (its terminal event was seen)
+  const terminal = ["turn.completed", "turn.failed", "turn.cancelled"];
   let delay = 500;
   let redraw = null;
   const live = { seen: seen, duplicates: 0, connections: 0, last: function () { return last; } };
@@ -90,6 +92,7 @@
     if (seen.has(event.seq)) { live.duplicates += 1; return; }
     seen.add(event.seq);
     last = Math.max(last, event.seq);
+    if (event.turn_id === id && terminal.indexOf(event.name) >= 0) done = true;
     append(event);
     if (event.name !== "usage") refresh();
   }
@@ -101,15 +104,22 @@
     live.connections += 1;
     source.onopen = function () { delay = 500; state.textContent = "Live."; };
     names.forEach(function (name) { source.addEventListener(name, handle); });
-    source.addEventListener("end", function () { finish("Finished."); });
-    source.addEventListener("error", function (e) {
-      if (e.data) { finish("The event stream failed: " + JSON.parse(e.data).message); return; }
-      source.close();
-      if (ended) return;
-      state.textContent = "Connection lost; reconnecting after event #" + last + "…";
-      setTimeout(connect, delay);
-      delay = Math.min(delay * 2, 5000);
+    // The stream ends after the job's turn ends; one that ends (or fails)
+    // before that is opened again after the last event, like a dropped one.
+    source.addEventListener("end", function () {
+      if (done) { finish("Finished."); } else { retry("The stream ended early"); }
     });
+    source.addEventListener("error", function (e) {
+      retry(e.data ? "The stream failed: " + JSON.parse(e.data).message : "Connection lost");
+    });
+  }
+
+  function retry(why) {
+    source.close();
+    if (ended) return;
+    state.textContent = why + "; reconnecting after event #" + last + "…";
+    setTimeout(connect, delay);
+    delay = Math.min(delay * 2, 5000);
   }
 
   if (!ended) connect();
