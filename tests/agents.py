@@ -1471,7 +1471,7 @@ Agent(
 register_script(  # followed live across a server restart: its tools outlast one
     "dash-slow",
     [
-        Reply.call(*(call("timed", label=f"s{i}", seconds=6.0) for i in range(3))),
+        Reply.call(*(call("timed", label=f"s{i}", seconds=10.0) for i in range(3))),
         echo_results,
     ],
 )

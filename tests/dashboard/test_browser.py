@@ -108,7 +108,7 @@ def test_a_running_job_updates_live_and_resumes_after_the_server_restarts(
     server: Server,
     settings: Settings,
 ) -> None:
-    # Given the page of a job whose three tools take 6 s, open as it runs
+    # Given the page of a job whose three tools take 10 s, open as it runs
     page = logged_in(tokens["acme"])
     job_id = _submit(api, "dash-slow", "live please")
     page.goto(f"/dashboard/jobs/{job_id}")

@@ -119,7 +119,7 @@
     if (ended) return;
     state.textContent = why + "; reconnecting after event #" + last + "…";
     setTimeout(connect, delay);
-    delay = Math.min(delay * 2, 5000);
+    delay = Math.min(delay * 2, 2000);
   }
 
   if (!ended) connect();
