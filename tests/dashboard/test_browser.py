@@ -204,10 +204,10 @@ def test_a_run_of_ten_thousand_events_and_200_subagents_opens_within_the_bound(
     job_id = store_big_run(client, "acme")
     page = logged_in(tokens["acme"])
 
-    # When its page is opened three times (the machine runs other tests at
+    # When its page is opened four times (the machine runs other tests at
     # once: the fastest open is the page's own cost, all three are printed)
     opens, server = [], []
-    for _ in range(3):
+    for _ in range(4):
         began = time.monotonic()
         page.goto(f"/dashboard/jobs/{job_id}")
         page.locator("nav.tree li.node").nth(200).wait_for()
