@@ -71,19 +71,20 @@ def page(
     )
     if principal.scope is not Scope.ADMIN:
         query = query.where(Conversation.tenant == principal.tenant)
-    for column, value in (
-        (Conversation.tenant, tenant),
-        (Turn.status, status),
-        (Turn.agent, agent),
+    for column, value, name in (
+        (Conversation.tenant, tenant, "tenant"),
+        (Turn.status, status, "status"),
+        (Turn.agent, agent, "agent"),
     ):
         if value is not None:
+            check(value, name)
             query = query.where(column == value)
     if text is not None:
         query = query.where(col(Turn.input_text).icontains(text, autoescape=True))
     if since is not None:
-        query = query.where(col(Turn.started_at) >= since)
+        query = query.where(col(Turn.started_at) >= _utc(since, "since"))
     if until is not None:
-        query = query.where(col(Turn.started_at) < until)
+        query = query.where(col(Turn.started_at) < _utc(until, "until"))
     if cursor is not None:
         at, job_id = _decode(cursor)
         query = query.where(

@@ -60,6 +60,10 @@ def test_pages_follow_the_cursor_without_gaps_or_repeats(api: httpx.Client) -> N
             break
     assert ids <= set(seen) and len(seen) == len(set(seen))
     _error(api.get("/v1/jobs", params={"cursor": "not-a-cursor"}), 422, "InvalidRequestError")
+    odd = {"agent": "a\x00b", "tenant": "\x00", "since": "0001-01-01T00:00+14:00"}
+    for name, value in odd.items():
+        error = _error(api.get("/v1/jobs", params={name: value}), 422, "InvalidRequestError")
+        assert error["fields"] == [name]
 
 
 def test_typed_output_comes_back_as_json(api: httpx.Client) -> None:

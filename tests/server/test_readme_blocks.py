@@ -18,6 +18,7 @@ from tests.test_readme import RUN_BASH, _bash, _first, _run_bash
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long
 def test_the_http_api_blocks_run(settings: Settings, workers: Any, tmp_path: Path) -> None:
     # Given the two blocks, in the order a reader runs them
     found = {

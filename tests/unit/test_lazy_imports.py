@@ -19,6 +19,8 @@ from tests.conftest import ROOT
 
 MODEL_AND_MCP = ("litellm", "mcp")
 SERVICES = ("sqlalchemy", "sqlmodel", "celery", "kombu", "redis", "psycopg")
+#: The HTTP API's framework: only `chorus server` loads it.
+SERVER = ("fastapi", "starlette", "uvicorn")
 
 #: Prints, as its last line, the top-level packages loaded by the code before it.
 REPORT = "import json, sys; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
@@ -51,10 +53,10 @@ def loaded(code: str) -> set[str]:
 
 #: What runs, and the packages it must not load.
 CASES = {
-    "chorus --help": (CHORUS_HELP, MODEL_AND_MCP + SERVICES),
-    "import orchestrator": ("import orchestrator", MODEL_AND_MCP + SERVICES),
+    "chorus --help": (CHORUS_HELP, MODEL_AND_MCP + SERVICES + SERVER),
+    "import orchestrator": ("import orchestrator", MODEL_AND_MCP + SERVICES + SERVER),
     "import orchestrator.errors": ("import orchestrator.errors", MODEL_AND_MCP + SERVICES),
-    "from orchestrator import Client": ("from orchestrator import Client", MODEL_AND_MCP),
+    "from orchestrator import Client": ("from orchestrator import Client", MODEL_AND_MCP + SERVER),
     "declaring tools and agents": (
         "from orchestrator import Agent, MCPServer, schema_tool, tool",
         MODEL_AND_MCP,
