@@ -80,6 +80,7 @@ def page(
             check(value, name)
             query = query.where(column == value)
     if text is not None:
+        check(text, "text")
         query = query.where(col(Turn.input_text).icontains(text, autoescape=True))
     if since is not None:
         query = query.where(col(Turn.started_at) >= _utc(since, "since"))
