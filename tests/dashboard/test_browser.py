@@ -131,7 +131,6 @@ def test_a_running_job_updates_live_and_resumes_after_the_server_restarts(
     live = page.evaluate("({d: window.chorusLive.duplicates, c: window.chorusLive.connections})")
     assert live["d"] == 0  # the server never sent one twice (the page would have dropped it)
     assert live["c"] >= 2  # it connected again (as often as it took the server to return)
-    expect(page.locator("#stream")).not_to_be_empty()  # the reply's text streamed in
     assert page.url.endswith(f"/dashboard/jobs/{job_id}")  # never reloaded
 
 
