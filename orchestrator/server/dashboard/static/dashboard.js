@@ -36,6 +36,7 @@
   // request at a time; events arriving meanwhile ask for one more after it.
   let drawing = false;
   let again = false;
+  let failures = 0;
   function refresh() {
     if (redraw !== null) return;
     redraw = setTimeout(draw, 250);
@@ -47,7 +48,12 @@
     try {
       const url = "/dashboard/jobs/" + encodeURIComponent(id) + "/view" + window.location.search;
       const answer = await fetch(url, { credentials: "same-origin" });
-      if (answer.ok) document.getElementById("view").innerHTML = await answer.text();
+      if (answer.ok) {
+        document.getElementById("view").innerHTML = await answer.text();
+        failures = 0;
+      } else if (failures < 5) { failures += 1; again = true; }  // e.g. a 503: try again
+    } catch (error) {
+      if (failures < 5) { failures += 1; again = true; }
     } finally {
       drawing = false;
       if (again) { again = false; refresh(); }
