@@ -1474,4 +1474,37 @@ register_script(
 Agent("traced-lead", scripted_model("traced-lead"), tools=[add], subagents=["echo-child"])
 
 
+# -- the dashboard's browser tests: three parallel tools (p3 the straggler), a
+# call that runs alone, and a subagent with a subagent of its own -------------
+
+register_script(
+    "dash-lead",
+    [
+        Reply.call(
+            call("timed", label="p1", seconds=0.2),
+            call("timed", label="p2", seconds=0.3),
+            call("timed", label="p3", seconds=0.9),
+            call("timed_barrier", label="b", seconds=0.2),
+            call("subagent__deep-researcher", task="gamma"),
+        ),
+        echo_results,
+    ],
+)
+Agent(
+    "dash-lead",
+    scripted_model("dash-lead"),
+    tools=[timed, timed_barrier],
+    subagents=["deep-researcher"],
+)
+
+register_script(  # followed live across a server restart: its tools outlast one
+    "dash-slow",
+    [
+        Reply.call(*(call("timed", label=f"s{i}", seconds=10.0) for i in range(3))),
+        echo_results,
+    ],
+)
+Agent("dash-slow", scripted_model("dash-slow"), tools=[timed])
+
+
 from tests import approval_agents  # noqa: E402, F401  (the approval tests' tools and agents)

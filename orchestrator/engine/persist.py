@@ -530,6 +530,7 @@ def _call_rows(
             tool_request_id=call.tool_request_id,
             params=call.params,
             segment=planned.segment,
+            parallelizable=planned.parallelizable,
         )
         answer = _answer_here(db, outbox, where, planned, row, handed)
         if answer is not None:

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from orchestrator.client import Client
-from orchestrator.server import approvals, conversations, errors, jobs
+from orchestrator.server import approvals, conversations, dashboard, errors, jobs, me, runs
 from orchestrator.server.auth import client_of
 from orchestrator.server.models import Ready
 from orchestrator.settings import Settings
@@ -45,6 +45,9 @@ def create_app(settings: Settings, *, keepalive: float = KEEPALIVE) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(conversations.router)
     app.include_router(approvals.router)
+    app.include_router(runs.router)
+    app.include_router(me.router)
+    dashboard.mount(app)
 
     @app.get("/v1/health", tags=["probes"])
     def health() -> dict[str, str]:

@@ -60,6 +60,7 @@ def list_jobs(
     tenant: Annotated[str | None, Query(max_length=64)] = None,
     since: Annotated[datetime | None, Query(description="Started at or after.")] = None,
     until: Annotated[datetime | None, Query(description="Started before.")] = None,
+    text: Annotated[str | None, Query(max_length=200, description="In the input.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=400)] = None,
 ) -> JobPage:
@@ -74,6 +75,7 @@ def list_jobs(
         until=until,
         limit=limit,
         cursor=cursor,
+        text=text,
     )
 
 

@@ -60,6 +60,7 @@ def page(
     until: datetime | None,
     limit: int,
     cursor: str | None,
+    text: str | None = None,
 ) -> JobPage:
     """One page of the jobs this principal may see. A non-admin token sees
     its own tenant's only: a ``tenant`` filter naming another finds none."""
@@ -78,6 +79,9 @@ def page(
         if value is not None:
             check(value, name)
             query = query.where(column == value)
+    if text is not None:
+        check(text, "text")
+        query = query.where(col(Turn.input_text).icontains(text, autoescape=True))
     if since is not None:
         query = query.where(col(Turn.started_at) >= _utc(since, "since"))
     if until is not None:

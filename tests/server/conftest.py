@@ -36,9 +36,11 @@ class Server:
     proc: subprocess.Popen[bytes]
 
 
-def start_server(settings: Settings, log: Path, timeout: float = 60.0) -> Server:
-    """`chorus server` on a free port, once /v1/health answers."""
-    port = free_port()
+def start_server(
+    settings: Settings, log: Path, timeout: float = 60.0, port: int | None = None
+) -> Server:
+    """`chorus server` on ``port`` (default: a free one), once /v1/health answers."""
+    port = port or free_port()
     proc = subprocess.Popen(
         [*CHORUS, "server", "--port", str(port), "--keepalive", str(KEEPALIVE), "-l", "info"],
         cwd=ROOT,

@@ -1,0 +1,167 @@
+// The job page, live: one EventSource on the API's job stream, resumed
+// after the last event seq it saw (every event shown exactly once), the
+// summary, tree and timeline redrawn from the server as events arrive, and
+// the actions the token may take (cancel, send) as plain API calls.
+(function () {
+  "use strict";
+  const job = document.getElementById("job");
+  if (!job) return;
+  const id = job.dataset.job;
+  const base = "/v1/jobs/" + encodeURIComponent(id);
+  const names = [
+    "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
+    "llm.requested", "llm.completed", "llm.failed", "assistant.delta", "assistant.message",
+    "tool.requested", "tool.started", "tool.completed", "tool.failed", "tool.cancelled",
+    "subagent.requested", "subagent.started", "subagent.completed", "subagent.failed",
+    "subagent.stopped", "agent.handoff", "plan.updated", "message.queued",
+    "message.dequeued", "queue.cleared", "queue.unread", "checkpoint.started",
+    "checkpoint.completed", "usage", "budget.exceeded",
+  ];
+  const state = document.getElementById("live-state");
+  const log = document.getElementById("events");
+  const stream = document.getElementById("stream");
+  const seen = new Set();
+  log.querySelectorAll("li[data-seq]").forEach(function (li) { seen.add(Number(li.dataset.seq)); });
+  let last = Number(job.dataset.lastSeq || 0);
+  let source = null;
+  let ended = job.dataset.running !== "true";
+  let done = ended;  // the job's own turn ended (its terminal event was seen)
+  const terminal = ["turn.completed", "turn.failed", "turn.cancelled"];
+  let delay = 500;
+  let redraw = null;
+  const live = { seen: seen, duplicates: 0, connections: 0, last: function () { return last; } };
+  window.chorusLive = live;
+
+  // Redraw the summary, tree and timeline from the server, at most one
+  // request at a time; events arriving meanwhile ask for one more after it.
+  let drawing = false;
+  let again = false;
+  let failures = 0;
+  function refresh() {
+    if (redraw !== null) return;
+    redraw = setTimeout(draw, 250);
+  }
+  async function draw() {
+    redraw = null;
+    if (drawing) { again = true; return; }
+    drawing = true;
+    try {
+      const url = "/dashboard/jobs/" + encodeURIComponent(id) + "/view" + window.location.search;
+      const answer = await fetch(url, { credentials: "same-origin" });
+      if (answer.ok) {
+        document.getElementById("view").innerHTML = await answer.text();
+        failures = 0;
+      } else if (failures < 5) { failures += 1; again = true; }  // e.g. a 503: try again
+    } catch (error) {
+      if (failures < 5) { failures += 1; again = true; }
+    } finally {
+      drawing = false;
+      if (again) { again = false; refresh(); }
+    }
+  }
+
+  function append(event) {
+    const li = document.createElement("li");
+    li.dataset.seq = String(event.seq);
+    const seq = document.createElement("span");
+    seq.className = "seq";
+    seq.textContent = "#" + event.seq;
+    const name = document.createElement("strong");
+    name.textContent = event.name;
+    const time = document.createElement("time");
+    time.textContent = String(event.time).slice(11, 23);
+    const conv = document.createElement("span");
+    conv.className = "conv";
+    conv.textContent = event.conversation_id.slice(0, 8);
+    li.append(seq, " ", time, " ", name, " ", conv);
+    const extra = (event.step !== null ? " step " + event.step : "") +
+      (event.data && event.data.tool ? " · " + event.data.tool : "");
+    li.append(extra);
+    log.append(li);
+  }
+
+  function finish(text) {
+    ended = true;
+    if (source) source.close();
+    state.textContent = text;
+    const cancel = document.getElementById("cancel");
+    if (cancel) cancel.hidden = true;
+    refresh();
+  }
+
+  function handle(message) {
+    const event = JSON.parse(message.data);
+    if (event.seq === null || event.seq === undefined) {
+      if (event.data && typeof event.data.text === "string") stream.textContent += event.data.text;
+      return;
+    }
+    if (seen.has(event.seq)) { live.duplicates += 1; return; }
+    seen.add(event.seq);
+    last = Math.max(last, event.seq);
+    if (event.turn_id === id && terminal.indexOf(event.name) >= 0) done = true;
+    append(event);
+    if (event.name !== "usage") refresh();
+  }
+
+  function connect() {
+    // The resume point is in the URL, so a reconnect is a new EventSource
+    // made here (the browser's own retry would resend the first URL).
+    source = new EventSource(base + "/events?deltas=true&last_event_id=" + last);
+    live.connections += 1;
+    source.onopen = function () { delay = 500; state.textContent = "Live."; };
+    names.forEach(function (name) { source.addEventListener(name, handle); });
+    // The stream ends after the job's turn ends; one that ends (or fails)
+    // before that is opened again after the last event, like a dropped one.
+    source.addEventListener("end", function () {
+      if (done) { finish("Finished."); } else { retry("The stream ended early"); }
+    });
+    source.addEventListener("error", function (e) {
+      retry(e.data ? "The stream failed: " + JSON.parse(e.data).message : "Connection lost");
+    });
+  }
+
+  function retry(why) {
+    source.close();
+    if (ended) return;
+    state.textContent = why + "; reconnecting after event #" + last + "…";
+    setTimeout(connect, delay);
+    delay = Math.min(delay * 2, 2000);
+  }
+
+  if (!ended) connect();
+
+  function say(text) { document.getElementById("action-result").textContent = text; }
+
+  async function call(method, url, body) {
+    const answer = await fetch(url, {
+      method: method,
+      credentials: "same-origin",
+      headers: Object.assign({ "X-Chorus-Dashboard": "1" }, body ? { "Content-Type": "application/json" } : {}),
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    const data = await answer.json().catch(function () { return {}; });
+    if (!answer.ok) throw new Error(data.message || ("HTTP " + answer.status));
+    return data;
+  }
+
+  const cancel = document.getElementById("cancel");
+  if (cancel) cancel.addEventListener("click", async function () {
+    cancel.disabled = true;
+    try {
+      const found = await call("POST", base + "/cancel");
+      say("Cancel requested: the job is " + found.status + ".");
+    } catch (error) { say("Cancel failed: " + error.message); cancel.disabled = false; }
+  });
+
+  const send = document.getElementById("send");
+  if (send) send.addEventListener("submit", async function (e) {
+    e.preventDefault();
+    const input = document.getElementById("message");
+    const url = "/v1/conversations/" + encodeURIComponent(send.dataset.conversation) + "/messages";
+    try {
+      const sent = await call("POST", url, { text: input.value });
+      input.value = "";
+      say(sent.job_id ? "Sent: it started job " + sent.job_id + "." : "Sent: queued until the running turn ends.");
+    } catch (error) { say("Send failed: " + error.message); }
+  });
+})();
