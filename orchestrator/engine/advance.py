@@ -13,10 +13,7 @@ from orchestrator.engine.tool_outputs import view
 from orchestrator.runtime import Runtime
 from orchestrator.store.advance_sql import clear_results, finish_step, ready_calls
 from orchestrator.store.cursor_sql import move_from_position
-from orchestrator.store.dialect import writes_in_ctes
-from orchestrator.store.statements import (
-    insert_new,
-)
+from orchestrator.store.statements import insert_new
 from orchestrator.store.tables import MessageRow
 from schemas import ToolResultBlock
 
@@ -32,19 +29,20 @@ def advance(
     refuses once the job is being stopped: of two racing copies exactly one
     moves it. The tool results message commits with the move, and so does
     the step's handoff, if it made one (the next step runs the target). The
-    read takes no lock, so it runs on its own; on Postgres the usual end of
-    a step (its last segment, no handoff) is then one statement: the move,
-    the results message and the clearing of the call rows' results.
+    read takes no lock, so it runs on its own; the usual end of a step (its
+    last segment, no handoff) is then :func:`finish_step`, where it can be
+    one statement (Postgres): the move, the results message and the
+    clearing of the call rows' results.
     """
-    with rt.autocommit() as connection:
-        calls = ready_calls(connection, (conversation_id, turn_id, step), segment)
+    with rt.guarded_write() as db:
+        calls = ready_calls(db, (conversation_id, turn_id, step), segment)
         if not calls:
             return []
         last = max(c.segment for c in calls)
         handoff = handoff_in(calls)
-        if segment == last and handoff is None and writes_in_ctes(connection):
+        if segment == last and handoff is None:
             ids = (conversation_id, turn_id, step)
-            moved = finish_step(connection, ids, segment, _results_message(ids, calls))
+            moved = finish_step(db, ids, segment, _results_message(ids, calls))
             return [RunStep(conversation_id, turn_id, step + 1, calls[0].priority)] if moved else []
     priority = calls[0].priority
     position = (turn_id, step, segment)
