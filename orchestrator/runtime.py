@@ -15,7 +15,7 @@ from orchestrator.events import Outbox, publish_live
 from orchestrator.llm.client import LiteLLMClient, ModelClient
 from orchestrator.settings import Settings
 from orchestrator.store.db import Db, Pool, autocommit_scope, session_scope
-from orchestrator.store.dialect import url_is_postgres, write_scope
+from orchestrator.store.dialect import write_scope
 from schemas import Event
 
 
@@ -41,11 +41,6 @@ class Runtime:
                 "CHORUS_REDIS_URL is not set; run `chorus local` for the embedded default"
             )
         return redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
-
-    @cached_property
-    def postgres(self) -> bool:
-        """Is the database Postgres (whose statements SQLite cannot run)?"""
-        return url_is_postgres(self.settings.db_url)
 
     @cached_property
     def pool(self) -> Pool:

@@ -9,14 +9,13 @@ from sqlalchemy import Row
 
 from orchestrator.engine.actions import Action, RunSegment, RunStep, ToolTask
 from orchestrator.engine.handoffs import handoff_in, take_over, target_values
+from orchestrator.engine.subagent_answers import has_answers, observe_answers
 from orchestrator.engine.tool_outputs import view
 from orchestrator.runtime import Runtime
 from orchestrator.store.advance_sql import clear_results, finish_step, ready_calls
 from orchestrator.store.cursor_sql import move_from_position
-from orchestrator.store.dialect import writes_in_ctes
-from orchestrator.store.statements import (
-    insert_new,
-)
+from orchestrator.store.db import Db
+from orchestrator.store.statements import insert_new
 from orchestrator.store.tables import MessageRow
 from schemas import ToolResultBlock
 
@@ -32,20 +31,29 @@ def advance(
     refuses once the job is being stopped: of two racing copies exactly one
     moves it. The tool results message commits with the move, and so does
     the step's handoff, if it made one (the next step runs the target). The
-    read takes no lock, so it runs on its own; on Postgres the usual end of
-    a step (its last segment, no handoff) is then one statement: the move,
-    the results message and the clearing of the call rows' results.
+    read takes no lock, so it runs on its own; the usual end of a step (its
+    last segment, no handoff) is then :func:`finish_step`, where it can be
+    one statement (Postgres): the move, the results message and the
+    clearing of the call rows' results. Subagents' answers in the segment
+    first go through the parent's ``after_tool`` hooks
+    (:func:`~orchestrator.engine.subagent_answers.observe_answers`), between the
+    read and the write.
     """
-    with rt.autocommit() as connection:
-        calls = ready_calls(connection, (conversation_id, turn_id, step), segment)
+    ids = (conversation_id, turn_id, step)
+    with rt.guarded_write() as db:
+        calls = ready_calls(db, ids, segment)
         if not calls:
             return []
         last = max(c.segment for c in calls)
         handoff = handoff_in(calls)
-        if segment == last and handoff is None and writes_in_ctes(connection):
-            ids = (conversation_id, turn_id, step)
-            moved = finish_step(connection, ids, segment, _results_message(ids, calls))
-            return [RunStep(conversation_id, turn_id, step + 1, calls[0].priority)] if moved else []
+        answers = has_answers(calls, segment)
+        if segment == last and handoff is None and not answers:
+            return _finish(db, ids, segment, calls)
+    if answers:  # user code: outside any transaction (engine/subagent_answers.py)
+        observe_answers(rt, calls, segment)
+        if segment == last and handoff is None:
+            with rt.guarded_write() as db:
+                return _finish(db, ids, segment, calls)
     priority = calls[0].priority
     position = (turn_id, step, segment)
     with rt.transaction() as (session, outbox):
@@ -70,6 +78,15 @@ def advance(
         insert_new(session, (MessageRow, _results_message((conversation_id, turn_id, step), calls)))
         clear_results(session, turn_id, step)
     return [RunStep(conversation_id, turn_id, step + 1, priority)]
+
+
+def _finish(
+    db: Db, ids: tuple[str, str, int], segment: int, calls: Sequence[Row[Any]]
+) -> list[Action]:
+    """The usual end of a step (:func:`finish_step`) and its next step."""
+    conversation_id, turn_id, step = ids
+    moved = finish_step(db, ids, segment, _results_message(ids, calls))
+    return [RunStep(conversation_id, turn_id, step + 1, calls[0].priority)] if moved else []
 
 
 def _results_message(ids: tuple[str, str, int], calls: Sequence[Row[Any]]) -> dict[str, Any]:

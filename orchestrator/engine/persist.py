@@ -1,9 +1,10 @@
 """Storing a step's model reply (the second half of ``chorus.step``).
 
 The reply is stored only if the step's copy still owns it: its lease, at
-its cursor position. A batch of tools to run on a job's own turn is one
-statement on Postgres (:func:`_store_batch`); any other reply is a
-transaction that locks the conversation first (:func:`_persist_owned`).
+its cursor position. A batch of tools to run on a job's own turn is stored
+by :func:`~orchestrator.store.step_sql.store_batch` (one statement where the
+database can: :func:`_store_batch`); any other reply is a transaction that
+locks the conversation first (:func:`_persist_owned`).
 """
 
 from __future__ import annotations
@@ -49,12 +50,11 @@ from orchestrator.store.rows import ConversationRow, TurnRow
 from orchestrator.store.statements import NewRow, new_row_params
 from orchestrator.store.step_sql import (
     OWNED,
-    STEP_MOVE,
     STORE_CALLS,
     STORE_MESSAGE,
     Leased,
-    batch_riders,
     release,
+    store_batch,
     store_reply,
 )
 from orchestrator.store.tables import (
@@ -355,16 +355,15 @@ def _one_statement(
     lease: Leased,
 ) -> bool:
     """Is the reply a batch of tools to run that :func:`_store_batch` can
-    store? On Postgres, for a job's own turn on its root conversation (no
-    other turn's row to lock first), no tool-call budget to check under
+    store? For a job's own turn on its root conversation (no other turn's
+    row to lock first), no tool-call budget to check under
     the lock, no final answer to validate, no built-in call answered in
     the step, and not too many calls for one statement (nor for one reply:
     ``CHORUS_MAX_REPLY_TOOL_CALLS``)."""
     conv, turn, job = lease
     calls = len(reply.tool_calls)
     return (
-        rt.postgres
-        and 0 < calls <= min(_ONE_STATEMENT_CALLS, rt.settings.max_reply_tool_calls)
+        0 < calls <= min(_ONE_STATEMENT_CALLS, rt.settings.max_reply_tool_calls)
         and conv.id == conv.root_id
         and job.id == turn.id
         and tool_calls_left(job) is None
@@ -402,13 +401,11 @@ def _store_batch(
     lease: tuple[ConversationRow, TurnRow, AgentSpec],
     offered: Collection[str],
 ) -> list[Action]:
-    """Store a batch of tools to run (:func:`_one_statement`) in one
-    statement committed on its own: the cursor's move to segment 0 and the
-    lease's release if this copy still owns the step (:data:`STEP_MOVE`),
-    and only then the turn's usage and the tree totals, the assistant
-    message, the calls and the events (:func:`batch_riders`). The rows are
-    locked in the one order: the root conversation's, then the job's turn.
-    What :func:`persist` stores in a transaction, in one round trip."""
+    """Store a batch of tools to run (:func:`_one_statement`) with
+    :func:`~orchestrator.store.step_sql.store_batch`: on Postgres one
+    statement committed on its own. The rows are locked in the one order:
+    the root conversation's, then the job's turn. What :func:`persist`
+    stores in a transaction, in one round trip."""
     conversation_id, turn_id, step = ids
     conv, turn, spec = lease
     facts = StepFacts(True, offered, _kinds(reply, offered), None, rt.settings.max_reply_tool_calls)
@@ -425,11 +422,11 @@ def _store_batch(
         **tree_params(usage, meaning.counted),
     }
     message = _assistant_message(conversation_id, turn_id, step, reply)
-    with rt.autocommit() as connection:
-        rows, tasks = _call_rows(connection, outbox, (conv, turn), step, meaning)
+    with rt.guarded_write() as db:
+        rows, tasks = _call_rows(db, outbox, (conv, turn), step, meaning)
         new: list[NewRow] = [(MessageRow, message), *((ToolCallRow, row) for row in rows)]
         params.update(new_row_params(new))
-        stored = outbox.flush_if(connection, STEP_MOVE, params, batch_riders(len(rows)))
+        stored = store_batch(db, outbox, params, len(rows))
     if not stored:  # the lease was lost or the cursor moved while the model ran
         record_superseded(rt, conversation_id, turn_id, step, reply)
         return []

@@ -180,8 +180,9 @@ class Policy:
       call, before its child starts): return the call (as is or with
       rewritten params), :class:`Defer` (run it later) or :class:`Stop`
       (the tool does not run; the model gets an error result).
-    * :meth:`after_tool`, b then a: observe the result (of a tool run;
-      a subagent's answer reaches its parent without it).
+    * :meth:`after_tool`, b then a: observe the result (of a tool run,
+      or a subagent's answer, in ``chorus.advance`` before the parent
+      moves on; not a call refused before it ran).
 
     A hook that raises fails the turn with a
     :class:`~orchestrator.errors.PolicyError` naming the policy.

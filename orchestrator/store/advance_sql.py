@@ -1,9 +1,9 @@
 """``chorus.advance``'s reads and writes, as statements built once.
 
 The step's calls once its segment is done (:func:`ready_calls`), and the
-usual end of a step on Postgres in one statement (:func:`finish_step`):
-the cursor's move past it, its tool results message and the clearing of
-its call rows' results (:func:`clear_results` elsewhere).
+usual end of a step (:func:`finish_step`): the cursor's move past it, its
+tool results message and the clearing of its call rows' results, in one
+statement where the database can (:func:`clear_results` elsewhere).
 """
 
 from __future__ import annotations
@@ -12,17 +12,24 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Row, Select, Update, bindparam, exists, null, select, update
-from sqlalchemy.engine import Connection
 from sqlmodel import Session
 
-from orchestrator.store.cursor_sql import move_from
+from orchestrator.store.cursor_sql import move_from, move_from_position
+from orchestrator.store.db import Db, connection_of
+from orchestrator.store.dialect import writes_in_ctes
 from orchestrator.store.fast_executor import execute
-from orchestrator.store.statements import message_params, new_rows_if, run, unfinished
+from orchestrator.store.statements import (
+    insert_new,
+    message_params,
+    new_rows_if,
+    run,
+    unfinished,
+)
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow, table
 from schemas import ConversationState
 
 
-def ready_calls(connection: Connection, ids: tuple[str, str, int], segment: int) -> list[Row[Any]]:
+def ready_calls(db: Db, ids: tuple[str, str, int], segment: int) -> list[Row[Any]]:
     """The calls of step ``ids`` (conversation, turn, step) with what the
     next segment, the results message and a handoff need, each with the
     conversation's priority; none while a call of ``segment`` is out or
@@ -34,7 +41,7 @@ def ready_calls(connection: Connection, ids: tuple[str, str, int], segment: int)
         "step": step,
         "segment": segment,
     }
-    return run(connection, _READY, params).all()
+    return run(db, _READY, params).all()
 
 
 def clear_results(session: Session, turn_id: str, step: int) -> None:
@@ -43,23 +50,34 @@ def clear_results(session: Session, turn_id: str, step: int) -> None:
     run(session, _CLEAR_RESULTS, {"where_turn_id": turn_id, "where_step": step})
 
 
-def finish_step(
-    connection: Connection, ids: tuple[str, str, int], segment: int, message: dict[str, Any]
-) -> bool:
-    """Postgres: move the cursor past the step from its last ``segment``
-    (the compare-and-set of
-    :func:`~orchestrator.store.cursor_sql.move_from_position`) and, only if it moved,
-    store the results message and clear the call rows' results: one
-    statement. True if it moved. The rows are locked in the one order: the
-    conversation's first (the other parts wait for its update, through
-    ``moved``)."""
+def finish_step(db: Db, ids: tuple[str, str, int], segment: int, message: dict[str, Any]) -> bool:
+    """Move the cursor past the step from its last ``segment`` (the
+    compare-and-set of :func:`~orchestrator.store.cursor_sql.move_from_position`)
+    and, only if it moved, store the results ``message`` and clear the call
+    rows' results. True if it moved.
+
+    Where one statement can write several tables (Postgres:
+    :func:`~orchestrator.store.dialect.writes_in_ctes`) the three are one
+    statement, in an autocommit connection one round trip; the rows are
+    locked in the one order, the conversation's first (the other parts wait
+    for its update, through ``moved``). Elsewhere they are three statements,
+    so ``db`` must then be a transaction
+    (:func:`~orchestrator.store.dialect.write_scope` gives either)."""
     conversation_id, turn_id, step = ids
-    move, params = move_from(
-        conversation_id, (turn_id, step, segment), cursor_step=step + 1, cursor_segment=-1
-    )
+    position = (turn_id, step, segment)
+    if not writes_in_ctes(db):
+        assert isinstance(db, Session)
+        if not move_from_position(
+            db, conversation_id, position, cursor_step=step + 1, cursor_segment=-1
+        ):
+            return False
+        insert_new(db, (MessageRow, message))
+        clear_results(db, turn_id, step)
+        return True
+    move, params = move_from(conversation_id, position, cursor_step=step + 1, cursor_segment=-1)
     params.update(message_params(message))
     # _CLEAR_RESULTS's where_turn_id and where_step are the move's: same names, same values
-    return execute(connection, _finish_statement(move), params).first() is not None
+    return execute(connection_of(db), _finish_statement(move), params).first() is not None
 
 
 @lru_cache(maxsize=8)

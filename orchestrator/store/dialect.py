@@ -12,8 +12,8 @@ reader finds them all from here (``grep`` a name for its uses):
   events and the rows that ride on it are one statement
   (:meth:`orchestrator.events.Outbox.flush_if`, several new rows in one
   INSERT, a cursor's move that ends its turn, a step's reply and its
-  usage, the end of a step in ``chorus.advance``, a child's start, a
-  tool's result);
+  usage, a step's batch of tools to run, the end of a step in
+  ``chorus.advance``, a child's start, a tool's result);
 - :func:`numbers_in_select`: events are stored by an ``INSERT … SELECT``
   that numbers them (SQLite: a multi-row ``VALUES``);
 - :func:`binds_arrays`: a list is bound as one array (``= ANY(:ids)``;
@@ -25,7 +25,8 @@ reader finds them all from here (``grep`` a name for its uses):
   transaction where they are several (SQLite).
 
 :func:`url_is_postgres` answers the same from a database URL, before any
-connection (``Runtime.postgres``). Elsewhere in ``store/``: SQLite keeps
+connection (:func:`write_scope`). The engine asks none of these: it calls
+the store's named operations, which do. Elsewhere in ``store/``: SQLite keeps
 naive UTC datetimes (``tables.UTCDateTime``), begins every transaction
 ``IMMEDIATE`` (``db.py``) and migrates in batch mode (``migrations/env.py``).
 """

@@ -21,6 +21,7 @@ from sqlalchemy import (
     func,
     insert,
     or_,
+    true,
     update,
 )
 from sqlalchemy import select as select_columns
@@ -28,6 +29,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
+from orchestrator.events import Outbox
 from orchestrator.store.clock import db_now
 from orchestrator.store.db import Db, connection_of
 from orchestrator.store.dialect import returns_joined_rows, writes_in_ctes
@@ -179,9 +181,8 @@ def usage_with_message(tree: bool, lock: bool = False) -> Update:
     return usage.add_cte(*ctes)
 
 
-#: A step that stores a batch of tools to run, on Postgres
-#: (:func:`~orchestrator.engine.persist._store_batch`): the guard of its one
-#: statement. It moves the cursor to the batch's first segment if this
+#: A step that stores a batch of tools to run (:func:`store_batch`): the
+#: guard of its one statement. It moves the cursor to the batch's first segment if this
 #: lease's owner still holds the step (the checks of ``persist.load_owned``),
 #: gives the lease up, counts the move (``version``, progress) and adds the
 #: model call's usage to the conversation's totals.
@@ -269,6 +270,31 @@ def take_lease(
     else:
         found = None
     return None if found is None else leased(found)
+
+
+def store_batch(db: Db, events: Outbox, params: dict[str, Any], calls: int) -> bool:
+    """Store a step's batch of ``calls`` tools to run: the cursor's move to
+    segment 0 and the lease's release if this copy still owns the step
+    (:data:`STEP_MOVE`), and only then the turn's usage and the tree totals,
+    the assistant message, the calls (:func:`batch_riders`) and ``events``'
+    pending events (dropped if the move did not take). ``params``: those of
+    the move and of the riders. False: the lease was lost or the cursor moved.
+
+    Where one statement can write several tables (Postgres:
+    :meth:`~orchestrator.events.Outbox.flush_if`) they are one statement,
+    in an autocommit connection one round trip. Elsewhere they are several,
+    so ``db`` must then be a transaction
+    (:func:`~orchestrator.store.dialect.write_scope` gives either)."""
+    riders = batch_riders(calls)
+    if writes_in_ctes(db):
+        return events.flush_if(db, STEP_MOVE, params, riders)
+    if run(db, STEP_MOVE, params).rowcount != 1:
+        events.discard()
+        return False
+    for write in riders(true()):
+        run(db, write, params)
+    events.flush(db)
+    return True
 
 
 def release_lease(

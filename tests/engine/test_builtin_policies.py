@@ -21,10 +21,12 @@ from tests.services import Services
 
 
 class Seen(Policy):
-    """Records the steps whose model calls it saw; guards subagent calls:
-    refuses a task that says "forbidden", shouts any other."""
+    """Records the steps whose model calls it saw and the subagent answers
+    it observed; guards subagent calls: refuses a task that says
+    "forbidden", shouts any other."""
 
     steps: list[int] = []
+    answers: list[tuple[str, Any, bool]] = []
 
     def before_model(self, call: ModelCall) -> ModelCall:
         type(self).steps.append(call.step)
@@ -37,6 +39,10 @@ class Seen(Policy):
         if "forbidden" in task:
             return Stop("no forbidden tasks")
         return call.rewrite(params={**call.params, "task": task.upper()})
+
+    def after_tool(self, call: ToolCall, result: Any, is_error: bool) -> None:
+        if call.tool.startswith("subagent__"):
+            type(self).answers.append((call.tool, result, is_error))
 
 
 register_policy("bp-seen", Seen())
@@ -109,7 +115,7 @@ def harness(services: Services) -> Iterator[Harness]:
 
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
-    Seen.steps = []
+    Seen.steps, Seen.answers = [], []
 
 
 def test_max_steps_stops_the_turn_before_the_agents_policies_see_the_call(
@@ -139,6 +145,8 @@ def test_a_subagent_call_goes_through_the_agents_tool_hooks(harness: Harness) ->
     answer = harness.client.submit("bp-parent", "find the keys").result(timeout=30)
     # Then the child got the rewritten task
     assert answer == "parent heard: child got: FIND THE KEYS"
+    # and its answer went through the policy's after_tool, once
+    assert Seen.answers == [("subagent__bp-child", "child got: FIND THE KEYS", False)]
 
 
 def test_a_policy_can_refuse_a_subagent_call(harness: Harness) -> None:
@@ -149,6 +157,7 @@ def test_a_policy_can_refuse_a_subagent_call(harness: Harness) -> None:
     )
     names = [e.name for e in harness.events(job)]
     assert EventName.SUBAGENT_STARTED not in names  # no child was started
+    assert Seen.answers == []  # a refused call's answer is not a run's: no after_tool
 
 
 def test_a_policy_can_defer_a_tool_call(harness: Harness) -> None:
