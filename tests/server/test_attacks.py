@@ -1,0 +1,70 @@
+"""A hostile HTTP caller against a real `chorus server`: each test is an
+attack that once worked (or a bound that must hold), kept so it stays shut."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from orchestrator import Client
+from tests.server.conftest import Server, bearer, job_of_message, make_token
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize(
+    "last_event_id",
+    [
+        b"\xb2",  # SUPERSCRIPT TWO: str.isdigit() says yes, int() says no
+        b"1" * 5000,  # past Python's int-from-text digit limit
+        b"-1",
+        b"1e3",
+        str(2**63).encode(),
+    ],
+)
+def test_a_bad_last_event_id_is_422_not_500(
+    server: Server, acme: str, last_event_id: bytes
+) -> None:
+    headers = {**bearer(acme), "Last-Event-ID": last_event_id}
+    for path in ("/v1/jobs/nope/events", "/v1/conversations/nope/events"):
+        answer = httpx.get(f"{server.url}{path}", headers=headers, timeout=30)
+        assert answer.status_code == 422, (path, answer.status_code, answer.text)
+        assert answer.json()["fields"] == ["Last-Event-ID"]
+
+
+def test_an_idempotency_key_cannot_reach_another_namespace(
+    server: Server, client: Client, acme: str
+) -> None:
+    """A tenant named ``inbox`` whose key is ``<conversation>:<entry>`` must
+    not get the job a queued message of another tenant started (the inbox
+    keys its turns ``inbox:<conversation>:<entry>``)."""
+    inbox = make_token(client, "inbox", "submit", "hostile")
+    with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as victim:
+        first = victim.post("/v1/jobs", json={"agent": "quick", "input": "victim"})
+        assert first.status_code == 201, first.text
+        conversation = first.json()["conversation_id"]
+        victim.get(f"/v1/jobs/{first.json()['job_id']}/result", params={"wait": 20})
+        sent = victim.post(f"/v1/conversations/{conversation}/messages", json={"text": "again"})
+        victims_job = job_of_message(victim, conversation, sent)
+        entry = sent.json()["entry_id"]
+    with httpx.Client(base_url=server.url, headers=bearer(inbox), timeout=30) as hostile:
+        answer = hostile.post(
+            "/v1/jobs",
+            json={"agent": "quick", "input": "mine", "idempotency_key": f"{conversation}:{entry}"},
+        )
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["job_id"] != victims_job
+        assert answer.json()["conversation_id"] != conversation
+
+
+@pytest.mark.parametrize("conversation_id", ["a\x00b", "\x00"])
+def test_an_unstorable_event_filter_is_422_not_500(
+    server: Server, acme: str, conversation_id: str
+) -> None:
+    with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as http:
+        job = http.post("/v1/jobs", json={"agent": "quick", "input": "filtered"}).json()
+        answer = http.get(
+            f"/v1/runs/{job['job_id']}/events", params={"conversation_id": conversation_id}
+        )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["fields"] == ["conversation_id"]
