@@ -68,3 +68,48 @@ def test_an_unstorable_event_filter_is_422_not_500(
         )
     assert answer.status_code == 422, answer.text
     assert answer.json()["fields"] == ["conversation_id"]
+
+
+def test_another_tenant_reaches_no_run_view_or_subagent_conversation(
+    server: Server, acme: str, globex: str
+) -> None:
+    with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as mine:
+        job = mine.post("/v1/jobs", json={"agent": "small-fanout", "input": "tree"}).json()
+        assert mine.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 30}).status_code == 200
+        tree = mine.get(f"/v1/runs/{job['job_id']}").json()
+        children = [c["conversation_id"] for c in tree["conversations"] if c["depth"] > 0]
+        assert children
+        sent = mine.post(f"/v1/conversations/{job['conversation_id']}/messages", json={"text": "x"})
+        entry = sent.json()["entry_id"]
+    jid, cid = job["job_id"], job["conversation_id"]
+    with httpx.Client(base_url=server.url, headers=bearer(globex), timeout=30) as theirs:
+        for path in (
+            f"/v1/runs/{jid}",
+            f"/v1/runs/{jid}/events",
+            f"/v1/jobs/{jid}/usage",
+            f"/v1/jobs/{jid}/output",
+        ):
+            answer = theirs.get(path)
+            assert (answer.status_code, answer.json()["type"]) == (404, "JobNotFound"), path
+        for conversation in (cid, *children):
+            for answer in (
+                theirs.get(f"/v1/conversations/{conversation}/usage"),
+                theirs.get(f"/v1/conversations/{conversation}/messages"),
+                theirs.get(f"/v1/conversations/{conversation}/events"),
+                theirs.get(f"/v1/conversations/{conversation}/queue/{entry}"),
+                theirs.post(f"/v1/conversations/{conversation}/fork"),
+                theirs.post(f"/v1/conversations/{conversation}/messages", json={"text": "hi"}),
+            ):
+                assert answer.status_code == 404, (conversation, answer.text)
+        assert jid not in theirs.get("/v1/runs", params={"tenant": "acme"}).text
+        assert jid not in theirs.get("/v1/runs", params={"text": "tree"}).text
+    # the dashboard, by globex's cookie, shows none of it either
+    for page in (f"/dashboard/jobs/{jid}", f"/dashboard/jobs/{jid}/view"):
+        answer = httpx.get(server.url + page, cookies={"chorus_token": globex}, timeout=30)
+        assert answer.status_code == 404, (page, answer.status_code)
+        assert "small-fanout" not in answer.text
+    # and a cookie alone (no CSRF header) changes nothing
+    answer = httpx.post(
+        f"{server.url}/v1/jobs/{jid}/cancel", cookies={"chorus_token": acme}, timeout=30
+    )
+    assert answer.status_code == 403
