@@ -3,6 +3,9 @@ attack that once worked (or a bound that must hold), kept so it stays shut."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import httpx
 import pytest
 
@@ -113,3 +116,30 @@ def test_another_tenant_reaches_no_run_view_or_subagent_conversation(
         f"{server.url}/v1/jobs/{jid}/cancel", cookies={"chorus_token": acme}, timeout=30
     )
     assert answer.status_code == 403
+
+
+def _threads(server: Server) -> int:
+    return len(os.listdir(f"/proc/{server.proc.pid}/task"))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: a follower's thread stops only at the job's next event or its end "
+    "(orchestrator/server/follow.py), so followers that came and went keep a thread "
+    "each while a job waits for an approval",
+)
+def test_followers_that_left_keep_no_thread(server: Server, acme: str) -> None:
+    with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as http:
+        job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "wait"}).json()
+        url = f"/v1/jobs/{job['job_id']}/events"
+        try:
+            before = _threads(server)
+            for _ in range(20):
+                with http.stream("GET", url) as answer:
+                    for line in answer.iter_lines():
+                        if line == "event: tool.approval_requested":
+                            break
+            time.sleep(3)
+            assert _threads(server) < before + 5
+        finally:
+            http.post(f"/v1/jobs/{job['job_id']}/cancel")
