@@ -11,6 +11,7 @@ import pytest
 from orchestrator import Client, ConflictError
 from schemas import TurnStatus
 from tests.conftest import tool_calls
+from tests.integration.test_approvals import _waiting
 
 pytestmark = pytest.mark.integration
 
@@ -20,10 +21,7 @@ def test_approving_a_call_that_never_waited_runs_nothing_again(
 ) -> None:
     mark = tmp_path / "mark"
     job = client.submit("travel-desk", "book", context_data={"mark": str(mark)})
-    deadline = time.monotonic() + 30
-    while not client.pending_approvals(conversation_id=job.conversation_id):
-        assert time.monotonic() < deadline, "no call started waiting"
-        time.sleep(0.05)
+    _waiting(client, job)
     deadline = time.monotonic() + 30
     while not (done := [c for c in tool_calls(client, job.id) if c.tool == "lookup_city"]) or (
         done[0].status != "completed"
