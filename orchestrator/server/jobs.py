@@ -25,6 +25,14 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=responses(*COMMON
 MAX_WAIT = 30.0
 
 
+def idempotency_key(tenant: str, key: str) -> str:
+    """The stored key of an HTTP submit's ``key``: the tenant's own, in a
+    namespace no other key uses (a queued message's turn is keyed
+    ``inbox:<conversation>:<entry>``, which a tenant named ``inbox`` would
+    otherwise reach)."""
+    return f"tenant:{tenant}:{key}"
+
+
 @router.post("", status_code=201, response_model=JobCreated)
 def submit(
     body: SubmitRequest, principal: Submitter, request: Request, trace_parent: TraceParent
@@ -41,7 +49,7 @@ def submit(
         body.input,
         conversation_id=body.conversation_id,
         context_data={**body.context_data, "tenant": principal.tenant},
-        idempotency_key=None if key is None else f"{principal.tenant}:{key}",
+        idempotency_key=None if key is None else idempotency_key(principal.tenant, key),
         budget=body.budget,
         priority=body.priority,
         trace_parent=trace_parent,

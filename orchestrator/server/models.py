@@ -12,7 +12,8 @@ from schemas import Budget, TurnStatus, Usage
 from schemas.jobs import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
 #: Longest idempotency key over HTTP: the server prefixes it with the
-#: tenant (a key is the tenant's own) and the whole must fit 200 characters.
+#: tenant (``tenant:<tenant>:<key>``, a key is the tenant's own) and the
+#: whole must fit 200 characters.
 MAX_IDEMPOTENCY_KEY = 128
 #: An agent's registered name (``Agent("name", ...)``).
 AGENT_NAME = Field(min_length=1, max_length=64)

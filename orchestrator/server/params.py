@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import Depends, Header, Path, Query
@@ -25,6 +26,9 @@ LastEventHeader = Annotated[
 ]
 
 
+_SEQ = re.compile(r"[0-9]{1,19}")
+
+
 def _resume_after(
     last_event_id: LastEventQuery = None, last_event_header: LastEventHeader = None
 ) -> int:
@@ -34,7 +38,9 @@ def _resume_after(
         return query
     if header is None or header.strip() == "":
         return 0
-    if not header.strip().isdigit() or int(header) > MAX_SEQ:
+    # ASCII digits only: str.isdigit() takes "²", which int() refuses, and
+    # int() refuses more than 4300 digits
+    if not _SEQ.fullmatch(header.strip()) or int(header) > MAX_SEQ:
         raise InvalidRequestError(
             f"Last-Event-ID: expected an event seq from 0 to {MAX_SEQ}", ["Last-Event-ID"]
         )

@@ -33,6 +33,7 @@ from orchestrator.server.errors import COMMON, responses
 from orchestrator.server.models import JobPage, JobSummary
 from orchestrator.server.params import JobId
 from orchestrator.store.tables import Conversation, EventRow, Turn
+from orchestrator.store.values import check
 from schemas import Event, EventName, JobStatus, TurnStatus, Usage
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=responses(*COMMON))
@@ -218,6 +219,7 @@ def events(
     with client.runtime.session() as session:
         query = _events_of(session, job.id, job.root_id).where(EventRow.seq > after)
         if conversation_id is not None:
+            check(conversation_id, "conversation_id")
             query = query.where(EventRow.conversation_id == conversation_id)
         if names is not None:
             query = query.where(col(EventRow.name).in_(_names(names)))
