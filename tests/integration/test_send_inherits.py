@@ -73,6 +73,7 @@ def test_a_sent_message_inherits_the_last_jobs_context_budget_and_priority(
                 EventRow.root_id == first.root_id,
                 EventRow.name == EventName.MESSAGE_QUEUED.value,
             )
+            .order_by(EventRow.seq)
         ).all()
     assert [{k: v for k, v in e.data.items() if k != "entry"} for e in queued] == [
         {"text": "next"},
