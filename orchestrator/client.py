@@ -17,7 +17,7 @@ from orchestrator.engine.turns import JobRef
 from orchestrator.errors import (
     ConfigurationError,
 )
-from orchestrator.events import ENTRY_EVENT, committed_horizon, is_cut, snapshot_bound
+from orchestrator.events import ENTRY_EVENT, is_cut
 from orchestrator.job_reads import (
     CATCH_UP,
     QUIET_POLL,
@@ -31,6 +31,7 @@ from orchestrator.job_reads import (
     answer,
     end_entry,
     job_status,
+    settle,
     typed_output,
 )
 from orchestrator.keys import events_stream
@@ -352,12 +353,7 @@ def _rest(
     waits (within the waiter's timeout) until the transactions older than
     them have all ended."""
     with job._client.runtime.session() as session:
-        horizon = committed_horizon(session)
-        pause = CATCH_UP
-        while horizon is not None and snapshot_bound(session) < horizon:
-            session.rollback()
-            time.sleep(waiter.remaining(pause))
-            pause = min(QUIET_POLL, pause * 2)
+        settle(session, waiter.remaining)
     return _stored(job, correlation_id, after, held)
 
 

@@ -9,8 +9,9 @@ driver through SQLAlchemy's greenlet bridge).
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -19,7 +20,14 @@ from sqlmodel import Session, col, select
 
 from orchestrator import registry
 from orchestrator.errors import JobFailedError, NoStructuredOutputError, invalid
-from orchestrator.events import CUT, ENTRY_EVENT, row_to_event, snapshot_bound, visible_below
+from orchestrator.events import (
+    CUT,
+    ENTRY_EVENT,
+    committed_horizon,
+    row_to_event,
+    snapshot_bound,
+    visible_below,
+)
 from orchestrator.store.tables import EventRow, Turn, table
 from schemas import TERMINAL_TURN_EVENTS, Event, JobStatus, TurnStatus, Usage
 
@@ -32,6 +40,19 @@ QUIET_POLL_MAX = 10.0
 #: but not yet readable (a transaction older than it still runs); doubles
 #: up to ``QUIET_POLL``.
 CATCH_UP = 0.01
+
+
+def settle(session: Session, pause: Callable[[float], float]) -> None:
+    """Return once a read of stored events in ``session`` sees every
+    transaction committed before this call. ``pause`` turns the wanted pause
+    into the one to sleep (and raises when the caller's time is spent)."""
+    horizon = committed_horizon(session)
+    wanted = CATCH_UP
+    while horizon is not None and snapshot_bound(session) < horizon:
+        session.rollback()
+        time.sleep(pause(wanted))
+        wanted = min(QUIET_POLL, wanted * 2)
+
 
 _TURN = table(Turn)
 #: What a job's status reads, built once (its cache key is memoized) and

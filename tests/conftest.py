@@ -93,6 +93,10 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
+#: The session's tools worker: a prefork pool (tests kill its processes).
+TOOLS_WORKER = ("-Q", "tools", "-P", "prefork", "-c", "4")
+
+
 class WorkerProcess:
     """A `chorus worker` subprocess, stopped at the end."""
 
@@ -189,6 +193,16 @@ def client(settings: Settings) -> Iterator[Client]:
     c.close()
 
 
+def replace_tools_worker(
+    settings: Settings, client: Client, workers: dict[str, WorkerProcess], name: str
+) -> None:
+    """Start a tools worker like the session's (``name``, after the old one
+    was killed) in its place: later tests of the session rely on its pool of
+    processes."""
+    workers["tools"] = WorkerProcess(settings, name, *TOOLS_WORKER)
+    workers["tools"].wait_ready(client, timeout=120)
+
+
 @pytest.fixture(scope="session")
 def workers(settings: Settings, client: Client) -> Iterator[dict[str, WorkerProcess]]:
     """One I/O worker (llm, control; threads) and one tools worker (prefork).
@@ -196,7 +210,7 @@ def workers(settings: Settings, client: Client) -> Iterator[dict[str, WorkerProc
     one lock order (docs/architecture.md) rules them out."""
     procs = {
         "llm": WorkerProcess(settings, "llm", "-Q", "llm,control", "-P", "threads", "-c", "16"),
-        "tools": WorkerProcess(settings, "tools", "-Q", "tools", "-P", "prefork", "-c", "4"),
+        "tools": WorkerProcess(settings, "tools", *TOOLS_WORKER),
     }
     try:
         for p in procs.values():

@@ -14,15 +14,36 @@ have sent (or when the turn ends).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from sqlmodel import col, select
 
 from orchestrator.client import Client, Job
 from orchestrator.events import row_to_event, visible_below
+from orchestrator.job_reads import settle
 from orchestrator.store.tables import Conversation, EventRow
 from schemas import Event
+
+#: At most this long a stream that reached an idle root waits for the
+#: transactions older than its last events to end (one held open elsewhere
+#: on the server must not hold the stream's thread).
+SETTLE_SECONDS = 30.0
+
+
+def _within(seconds: float) -> Callable[[float], float]:
+    """A ``pause`` for :func:`settle` that gives up after ``seconds``."""
+    deadline = time.monotonic() + seconds
+
+    def pause(wanted: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return min(wanted, left)
+
+    return pause
 
 
 class _End:
@@ -88,7 +109,13 @@ def _tree(client: Client, root_id: str, since: int, deltas: bool) -> Iterator[Ev
         with client.runtime.session() as session:
             root = session.get(Conversation, root_id)
             running = root.turn_id if root is not None and root.state == "running" else None
+            if running is None:
+                # idle: what committed before now may still sort above the
+                # visible bound (an older transaction runs); wait for it
+                with contextlib.suppress(TimeoutError):
+                    settle(session, _within(SETTLE_SECONDS))
         if running is None:
+            yield from _stored(client, root_id, last)
             return
         for event in client.job(running).events(since=last, deltas=deltas):
             last = event.seq or last

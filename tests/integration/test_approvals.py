@@ -15,7 +15,7 @@ import pytest
 from orchestrator import ChorusError, Client, ConflictError, Job, Settings
 from schemas import EventName, PendingApproval, TurnStatus
 from tests.approval_agents import stored_events
-from tests.conftest import WorkerProcess, tool_calls, worker_env
+from tests.conftest import WorkerProcess, replace_tools_worker, tool_calls, worker_env
 from tests.fleet import running_beat
 from tests.test_cli import run
 
@@ -194,8 +194,7 @@ def test_a_worker_killed_while_a_call_waits(
     os.killpg(workers["tools"].proc.pid, signal.SIGKILL)
     workers["tools"].proc.wait(10)
     client.approve(waiting.call_id)
-    workers["tools"] = WorkerProcess(settings, "tools3", "-Q", "tools", "-P", "threads", "-c", "8")
-    workers["tools"].wait_ready(client, timeout=120)
+    replace_tools_worker(settings, client, workers, "tools3")
 
     # Then the approval runs the call, once
     assert "booked LIS-123" in job.result(timeout=60)

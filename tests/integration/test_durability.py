@@ -18,7 +18,7 @@ from orchestrator.engine.actions import RunSegment, RunStep
 from orchestrator.engine.step import new_lease_owner
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
 from schemas import JobRequest
-from tests.conftest import ROOT, WorkerProcess, tool_calls, worker_env
+from tests.conftest import ROOT, WorkerProcess, replace_tools_worker, tool_calls, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -131,10 +131,7 @@ def test_sweeper_recovers_a_turn_whose_worker_died_whole(
         # unacked messages stay invisible in Redis for the visibility timeout
         os.killpg(workers["tools"].proc.pid, signal.SIGKILL)
         workers["tools"].proc.wait(10)
-        workers["tools"] = WorkerProcess(
-            settings, "tools2", "-Q", "tools", "-P", "prefork", "-c", "4"
-        )
-        workers["tools"].wait_ready(client)
+        replace_tools_worker(settings, client, workers, "tools2")
 
         # Then the sweeper re-dispatches the stalled segment and the turn completes
         answer = job.result(timeout=90)

@@ -69,7 +69,8 @@ def test_a_sent_message_inherits_the_last_jobs_context_budget_and_priority(
     )
     with client.runtime.session() as s:
         queued = s.exec(
-            select(EventRow).where(
+            select(EventRow)
+            .where(
                 EventRow.root_id == first.root_id,
                 EventRow.name == EventName.MESSAGE_QUEUED.value,
             )

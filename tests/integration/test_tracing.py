@@ -52,12 +52,16 @@ def traced(settings: Settings) -> Iterator[tuple[Client, Receiver]]:
 
 
 def _wait_for(receiver: Receiver, trace_id: str, count: int) -> list[ReceivedSpan]:
-    """The trace's spans once ``count`` invoke_agent, chat and execute_tool spans came."""
+    """The trace's spans once ``count`` invoke_agent, chat and execute_tool spans
+    came, and the parent of each came too (a parent ends after its children, so
+    it can reach the receiver in a later export)."""
     deadline = time.monotonic() + 60
     while True:
         spans = [s for s in receiver.received() if s.trace_id == trace_id]
         main = [s for s in spans if s.name.split()[0] in ("invoke_agent", "chat", "execute_tool")]
-        if len(main) >= count or time.monotonic() > deadline:
+        ids = {s.span_id for s in spans} | {CALLER_SPAN}
+        whole = all(s.parent_id in ids for s in spans)
+        if (len(main) >= count and whole) or time.monotonic() > deadline:
             return spans
         time.sleep(0.2)
 

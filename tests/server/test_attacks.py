@@ -123,7 +123,7 @@ def _threads(server: Server) -> int:
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # the count of the server's threads also moves with other tests' work
     reason="known: a follower's thread stops only at the job's next event or its end "
     "(orchestrator/server/follow.py), so followers that came and went keep a thread "
     "each while a job waits for an approval",
