@@ -31,6 +31,20 @@ log = logging.getLogger(__name__)
 CLOSE_WITHIN = 5.0
 
 
+async def _stop(task: asyncio.Task[None] | None, changed: asyncio.Event) -> None:
+    """Cancel ``task`` (a reader's or checker's loop, its owner marked closed)
+    and wait for its end: at most :data:`CLOSE_WITHIN` seconds. redis-py can
+    swallow the cancellation of a blocking read (redis/redis-py#2028), and the
+    loop would then wait for work forever; the closed mark and the wake-up
+    end it at its next turn."""
+    if task is None:
+        return
+    task.cancel()
+    changed.set()
+    with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+        await asyncio.wait_for(task, CLOSE_WITHIN)
+
+
 class AsyncSubscription:
     """The entries of one stream since this subscription started (only
     those of events called ``names``, if given)."""
@@ -78,6 +92,7 @@ class AsyncStreamReader:
         self._streams: dict[str, Followed[AsyncSubscription]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self._commands = aioredis.Redis(
             connection_pool=aioredis.BlockingConnectionPool.from_url(
                 url, decode_responses=True, max_connections=4, timeout=None, client_name=name
@@ -116,16 +131,14 @@ class AsyncStreamReader:
 
     async def close(self) -> None:
         """Stop the reading task and close the connections."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._closed = True
+        await _stop(self._task, self._changed)
         for client in (self._reader, self._commands):
             with contextlib.suppress(TimeoutError):  # never hang a close
                 await asyncio.wait_for(client.aclose(), CLOSE_WITHIN)
 
     async def _run(self) -> None:
-        while True:
+        while not self._closed:
             if not self._streams:
                 self._changed.clear()
                 await self._changed.wait()
@@ -156,6 +169,7 @@ class AsyncTurnEnds:
         self._watched: dict[str, set[Callable[[], None]]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     @contextmanager
     def watch(self, turn_id: str, wake: Callable[[], None]) -> Iterator[None]:
@@ -175,13 +189,11 @@ class AsyncTurnEnds:
 
     async def close(self) -> None:
         """Stop the checking task."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._closed = True
+        await _stop(self._task, self._changed)
 
     async def _run(self) -> None:
-        while True:
+        while not self._closed:
             if not self._watched:
                 self._changed.clear()
                 await self._changed.wait()
