@@ -75,6 +75,14 @@ def _client(settings: Settings | None = None) -> Client:
         return Client(settings or _settings())
 
 
+def _reader() -> Client:
+    """A client for commands that read or answer stored work (status,
+    events, cancel, approvals): it imports none of CHORUS_MODULES, whose
+    agents and tools (and litellm, which they load) it never uses, so these
+    commands start in about a second."""
+    return _client(_settings(modules=[]))
+
+
 #: Threads of a worker that takes `tools`: a parallel batch of tools that
 #: wait on I/O runs at once, whatever the core count.
 TOOLS_THREADS = 32
@@ -386,7 +394,7 @@ def submit(
 @app.command()
 def status(job_id: str) -> None:
     """Print a job's status, usage and answer."""
-    _report(_client().job(job_id))
+    _report(_reader().job(job_id))
 
 
 @app.command()
@@ -396,7 +404,7 @@ def events(
 ) -> None:
     """Print a job's events as JSON Lines, one object a line (stored, then
     live until the turn ends)."""
-    job = _client().job(job_id)
+    job = _reader().job(job_id)
     for event in job.events(since=since, deltas=False):
         sys.stdout.write(event.model_dump_json() + "\n")
         sys.stdout.flush()
@@ -405,7 +413,7 @@ def events(
 @app.command("cancel")
 def cancel_job(job_id: str) -> None:
     """Cancel a job and every subagent under it (safe on a finished job)."""
-    client = _client()
+    client = _reader()
     client.cancel(job_id)
     _report(client.job(job_id))
 
@@ -441,7 +449,7 @@ def list_approvals(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
 ) -> None:
     """List the tool calls waiting for a person's answer, oldest first."""
-    waiting = _client().pending_approvals(conversation_id=conversation, agent=agent, tool=tool_name)
+    waiting = _reader().pending_approvals(conversation_id=conversation, agent=agent, tool=tool_name)
     for p in waiting:
         if as_json:
             sys.stdout.write(p.model_dump_json() + "\n")
@@ -463,7 +471,7 @@ def approve(
     by: Annotated[str | None, typer.Option("--by", help="Who answers (default: $USER).")] = None,
 ) -> None:
     """Approve a tool call waiting for an answer: it runs and its turn goes on."""
-    _client().approve(call_id, note=note, by=by)
+    _reader().approve(call_id, note=note, by=by)
     console.print(f"approved {call_id}")
 
 
@@ -474,7 +482,7 @@ def deny(
     by: Annotated[str | None, typer.Option("--by", help="Who answers (default: $USER).")] = None,
 ) -> None:
     """Deny a tool call waiting for an answer: the model gets an error with the reason."""
-    _client().deny(call_id, reason=reason, by=by)
+    _reader().deny(call_id, reason=reason, by=by)
     console.print(f"denied {call_id}")
 
 
@@ -610,6 +618,18 @@ def local(
             )
 
 
+#: Postgres's codes for an undefined table and an undefined column.
+_UNDEFINED = frozenset({"42P01", "42703"})
+
+
+def _unmigrated(exc: Any) -> bool:
+    """Whether a database error says a table or column is missing."""
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) in _UNDEFINED:
+        return True
+    return str(orig).startswith(("no such table", "no such column"))  # SQLite
+
+
 def _unreachable(exc: BaseException) -> str | None:
     """One line naming the service that did not answer, if EXC says so
     (checked only against modules already loaded: `--help` loads neither)."""
@@ -617,6 +637,8 @@ def _unreachable(exc: BaseException) -> str | None:
     if redis_errors is not None and isinstance(exc, redis_errors.ConnectionError):
         return f"Redis does not answer: {exc}"
     sql_errors = sys.modules.get("sqlalchemy.exc")
+    if sql_errors is not None and isinstance(exc, sql_errors.DBAPIError) and _unmigrated(exc):
+        return "the database has no Chorus tables, or older ones: run `chorus db upgrade`"
     if sql_errors is not None and isinstance(exc, sql_errors.OperationalError):
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else "no connection"
         return f"Postgres does not answer: {first}"

@@ -28,7 +28,9 @@ from xdist.scheduler import LoadScopeScheduling
 #: processes (or runs a batch of jobs): each runs whole in one xdist worker.
 SHARED_MODULES = frozenset(
     {
+        "tests/dashboard/test_browser.py",  # browser: one Chromium
         "tests/integration/test_event_streams.py",  # short_lived: a worker with short streams
+        "tests/integration/test_model_paths.py",  # proxy: one LiteLLM proxy process
         "tests/integration/test_parallelism.py",  # lanes: a worker of the lanes queue
         "tests/integration/test_step_queries.py",  # meter: an in-process worker, metered
         "tests/integration/test_tool_catalogs.py",  # replayed: every catalog case run once

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 
 from orchestrator import Settings
 from tests.conftest import ROOT, worker_env
@@ -90,6 +91,29 @@ def test_a_service_that_does_not_answer_is_one_line_not_a_traceback(tmp_path: Pa
     assert out.returncode == 1, out.stderr
     assert out.stderr.startswith("chorus: Postgres does not answer: ")
     assert "Traceback" not in out.stderr and "hunter2" not in out.stderr
+
+
+@pytest.mark.integration
+def test_a_database_without_the_tables_is_one_line(settings: Settings) -> None:
+    # Given a database no `chorus db upgrade` ran on
+    server, name = settings.db_url.rsplit("/", 1)
+    bare = f"{name}_bare"
+    admin = sqlalchemy.create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{bare}"'))
+        connection.execute(sqlalchemy.text(f'CREATE DATABASE "{bare}"'))
+    try:
+        env = worker_env(settings, CHORUS_DATABASE_URL=f"{server}/{bare}")
+        # When a command reads it, then one line says what to run
+        out = run(["approvals"], env)
+        assert out.returncode == 1, out.stderr
+        assert out.stderr == (
+            "chorus: the database has no Chorus tables, or older ones: run `chorus db upgrade`\n"
+        )
+    finally:
+        with admin.connect() as connection:
+            connection.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{bare}"'))
+        admin.dispose()
 
 
 @pytest.mark.long
