@@ -35,7 +35,7 @@ from sqlalchemy.util import await_only, greenlet_spawn
 
 from orchestrator import client_args as args
 from orchestrator import client_ops as ops
-from orchestrator import registry
+from orchestrator import registry, tracing
 from orchestrator.async_waits import AsyncStreamReader, AsyncSubscription, AsyncTurnEnds
 from orchestrator.celery_conf import make_celery
 from orchestrator.dispatch import CeleryDispatcher
@@ -199,9 +199,14 @@ class AsyncClient:
         result: T = await greenlet_spawn(partial(fn, *a, **kw))
         return result
 
-    async def _send(self, actions: list[Action]) -> None:
+    async def _send(self, actions: list[Action], trace: tracing.JobTrace | None = None) -> None:
         if actions:
-            await asyncio.get_running_loop().run_in_executor(None, self._dispatcher.send, actions)
+            await asyncio.get_running_loop().run_in_executor(None, self._send_now, actions, trace)
+
+    def _send_now(self, actions: list[Action], trace: tracing.JobTrace | None) -> None:
+        # in the executor's thread: the trace is set where the tasks are sent
+        with tracing.sending(trace):
+            self._dispatcher.send(actions)
 
     async def submit(
         self,
@@ -213,12 +218,16 @@ class AsyncClient:
         idempotency_key: str | None = None,
         budget: Budget | None = None,
         priority: int = DEFAULT_PRIORITY,
+        trace_parent: str | None = None,
     ) -> AsyncJob:
-        """Start a turn: as :meth:`Client.submit <orchestrator.client.Client.submit>`."""
+        """Start a turn: as :meth:`Client.submit <orchestrator.client.Client.submit>`
+        (``trace_parent`` included: by default the current OpenTelemetry span
+        of the calling task, if any)."""
+        trace = tracing.submitted(trace_parent)
         options = (conversation_id, context_data, idempotency_key, budget, priority)
         request = args.job_request(agent, input, *options)
         ref, actions = await self._run(ops.submit, self.runtime, request)
-        await self._send(actions)
+        await self._send(actions, trace)
         return AsyncJob(self, ref)
 
     async def job(self, job_id: str) -> AsyncJob:
