@@ -182,6 +182,43 @@ def test_a_read_only_token_sees_no_actions_and_cannot_act(
     client.job(job_id).cancel()
 
 
+def test_a_call_waiting_for_a_person_is_answered_from_the_page(
+    api: httpx.Client, logged_in: LoggedIn, tokens: dict[str, str]
+) -> None:
+    # Given two jobs whose book_flight call waits for a person (travel-desk)
+    approved, denied = (_submit(api, "travel-desk", f"book {n}") for n in ("one", "two"))
+    # A read-only token sees what waits, and no buttons
+    reader = logged_in(tokens["reader"])
+    reader.goto(f"/dashboard/jobs/{approved}")
+    expect(reader.locator("li.approval")).to_contain_text("book_flight", timeout=30000)
+    expect(reader.locator("li.approval button")).to_have_count(0)
+
+    # When one is approved from its page (the item appears live)
+    page = logged_in(tokens["acme"])
+    page.goto(f"/dashboard/jobs/{approved}")
+    item = page.locator("li.approval")
+    expect(item).to_contain_text("LIS-123", timeout=30000)
+    item.locator("button[data-approve]").click()
+    # Then it runs once, the turn completes and the item is gone
+    expect(page.locator("#action-result")).to_have_text("Approved by dash-acme.")
+    expect(page.locator("#job-status")).to_have_text("completed", timeout=30000)
+    expect(page.locator("li.approval")).to_have_count(0)
+    assert "booked LIS-123" in api.get(f"/v1/jobs/{approved}/result").json()["output"]
+
+    # And the other is denied only with a reason, which the model gets
+    page.goto(f"/dashboard/jobs/{denied}")
+    expect(page.locator("li.approval")).to_contain_text("book_flight", timeout=30000)
+    page.locator("li.approval button[data-deny]").click()
+    expect(page.locator("#action-result")).to_have_text("A denial needs a reason.")
+    page.locator("li.approval input").fill("not on a Friday")
+    page.locator("li.approval button[data-deny]").click()
+    expect(page.locator("#job-status")).to_have_text("completed", timeout=30000)
+    answer = api.get(f"/v1/jobs/{denied}/result").json()["output"]
+    assert "denied: not on a Friday" in answer
+    names = [e["name"] for e in api.get(f"/v1/runs/{denied}/events").json()["events"]]
+    assert names.count("tool.denied") == 1 and "tool.approved" not in names
+
+
 def test_another_tenants_job_is_not_reachable(
     api: httpx.Client, logged_in: LoggedIn, tokens: dict[str, str]
 ) -> None:

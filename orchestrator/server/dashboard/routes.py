@@ -175,10 +175,11 @@ async def _job(request: Request, job_id: str, token: str) -> dict[str, Any]:
         shown = request.query_params.get("conversation") or run["job"]["conversation_id"]
         if shown not in {c["conversation_id"] for c in conversations}:
             raise InvalidRequestError(f"conversation: {shown[:64]!r} is not in this job's tree")
-        own, marks, newest_page = await asyncio.gather(
+        own, marks, newest_page, waiting = await asyncio.gather(
             api.events(quoted, conversation_id=shown),
             api.events(quoted, names=MARKS),
             api.get(f"{path}/events", newest="true", limit=EVENT_LOG),
+            api.get("/v1/approvals", conversation_id=run["job"]["conversation_id"]),
         )
     newest = newest_page["events"]
     seqs = {e["seq"] for e in own}
@@ -192,6 +193,7 @@ async def _job(request: Request, job_id: str, token: str) -> dict[str, Any]:
         "shown_node": next(c for c in conversations if c["conversation_id"] == shown),
         **_steps(line.of(shown), request.query_params.get("steps") == "all"),
         "budget": views.budget(run),
+        "approvals": [a for a in waiting if a["job_id"] == run["job"]["job_id"]],
         "events": newest,
         "event_count": run["events"],
         "last_seq": max((_seq(e) for e in newest), default=0),

@@ -1,7 +1,8 @@
 // The job page, live: one EventSource on the API's job stream, resumed
 // after the last event seq it saw (every event shown exactly once), the
 // summary, tree and timeline redrawn from the server as events arrive, and
-// the actions the token may take (cancel, send) as plain API calls.
+// the actions the token may take (cancel, send, answer a call waiting for
+// approval) as plain API calls.
 (function () {
   "use strict";
   const job = document.getElementById("job");
@@ -12,6 +13,7 @@
     "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
     "llm.requested", "llm.completed", "llm.failed", "assistant.delta", "assistant.message",
     "tool.requested", "tool.started", "tool.completed", "tool.failed", "tool.cancelled",
+    "tool.approval_requested", "tool.approved", "tool.denied",
     "subagent.requested", "subagent.started", "subagent.completed", "subagent.failed",
     "subagent.stopped", "agent.handoff", "plan.updated", "message.queued",
     "message.dequeued", "queue.cleared", "queue.unread", "checkpoint.started",
@@ -151,6 +153,27 @@
       const found = await call("POST", base + "/cancel");
       say("Cancel requested: the job is " + found.status + ".");
     } catch (error) { say("Cancel failed: " + error.message); cancel.disabled = false; }
+  });
+
+  // Approve or deny a call waiting for a person (buttons in the redrawn view)
+  document.getElementById("view").addEventListener("click", async function (e) {
+    const button = e.target;
+    if (!(button instanceof HTMLButtonElement)) return;
+    const callId = button.dataset.approve || button.dataset.deny;
+    if (!callId) return;
+    let body = { decision: "approve" };
+    if (button.dataset.deny) {
+      const input = document.querySelector('input[data-reason-for="' + CSS.escape(callId) + '"]');
+      const reason = input ? input.value.trim() : "";
+      if (!reason) { say("A denial needs a reason."); return; }
+      body = { decision: "deny", reason: reason };
+    }
+    button.disabled = true;
+    try {
+      const done = await call("POST", "/v1/approvals/" + encodeURIComponent(callId), body);
+      say((done.decision === "approved" ? "Approved" : "Denied") + " by " + done.by + ".");
+      refresh();
+    } catch (error) { say("Answer failed: " + error.message); button.disabled = false; }
   });
 
   const send = document.getElementById("send");
