@@ -12,6 +12,7 @@ from sqlalchemy import text
 from orchestrator.client import Client
 from orchestrator.server import approvals, conversations, dashboard, errors, jobs, me, runs
 from orchestrator.server.auth import client_of
+from orchestrator.server.body_limit import BodyLimit
 from orchestrator.server.models import Ready
 from orchestrator.settings import Settings
 
@@ -41,6 +42,7 @@ def create_app(settings: Settings, *, keepalive: float = KEEPALIVE) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.keepalive = keepalive
+    app.add_middleware(BodyLimit)
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(conversations.router)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from orchestrator import Client
+from orchestrator.server.body_limit import MAX_BODY_BYTES
 from tests.server.conftest import Server, bearer, job_of_message, make_token
 
 pytestmark = pytest.mark.integration
@@ -143,3 +145,22 @@ def test_followers_that_left_keep_no_thread(server: Server, acme: str) -> None:
             assert _threads(server) < before + 5
         finally:
             http.post(f"/v1/jobs/{job['job_id']}/cancel")
+
+
+def test_a_body_over_the_cap_is_413_however_it_is_sent(server: Server, acme: str) -> None:
+    huge = b'{"agent": "quick", "input": "' + b"x" * (MAX_BODY_BYTES + 1) + b'"}'
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: chunked
+        for start in range(0, len(huge), 65536):
+            yield huge[start : start + 65536]
+
+    with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as http:
+        for body in (huge, chunks()):
+            answer = http.post(
+                "/v1/jobs", content=body, headers={"Content-Type": "application/json"}
+            )
+            assert answer.status_code == 413, answer.text
+            assert answer.json()["message"].startswith("the request body is larger than")
+        # and the server goes on: a body under the cap is a job
+        made = http.post("/v1/jobs", json={"agent": "quick", "input": "x" * 1000})
+        assert made.status_code == 201, made.text
