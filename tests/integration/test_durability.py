@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from orchestrator.engine.actions import RunSegment, RunStep
 from orchestrator.engine.step import new_lease_owner
 from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
 from schemas import JobRequest
-from tests.conftest import ROOT, WorkerProcess, replace_tools_worker, tool_calls, worker_env
+from tests.conftest import ROOT, TOOLS_WORKER, WorkerProcess, tool_calls, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +113,10 @@ def test_sweeper_recovers_a_turn_whose_worker_died_whole(
     settings: Any, client: Client, workers: dict[str, WorkerProcess]
 ) -> None:
     # Given beat running the sweeper, and a batch running on the tools worker
+    # (its replacement, like it but reading an idle queue, starts meanwhile)
+    standby = f"standby-{uuid.uuid4().hex[:6]}"
+    spare_args = [a if a != "tools" else standby for a in TOOLS_WORKER]
+    spare = WorkerProcess(settings, "tools2", *spare_args)
     beat = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "beat", "-l", "WARNING"],
         cwd=ROOT,
@@ -131,13 +136,20 @@ def test_sweeper_recovers_a_turn_whose_worker_died_whole(
         # unacked messages stay invisible in Redis for the visibility timeout
         os.killpg(workers["tools"].proc.pid, signal.SIGKILL)
         workers["tools"].proc.wait(10)
-        replace_tools_worker(settings, client, workers, "tools2")
+        # (its replacement takes its place: it reads the tools queue alone)
+        workers["tools"] = spare
+        spare.wait_ready(client, timeout=120)
+        control = client.celery.control
+        assert control.add_consumer("tools", destination=[spare.name], reply=True)
+        assert control.cancel_consumer(standby, destination=[spare.name], reply=True)
 
         # Then the sweeper re-dispatches the stalled segment and the turn completes
         answer = job.result(timeout=90)
     finally:
         beat.terminate()
         beat.wait(10)
+        if workers["tools"] is not spare:  # it never took the old one's place
+            spare.stop()
     calls = tool_calls(client, job.id)
     assert sorted(c.result["label"] for c in calls) == ["f0", "f1"]
     assert all(c.status == "completed" and c.attempts == 2 for c in calls)

@@ -20,17 +20,19 @@ from tests.loopback_llm import LoopbackLLM
 
 pytestmark = pytest.mark.integration
 
-LEASE = 6.0  # the fleet's lease and stall timeout
-SILENCE = 15.0  # the provider sends nothing at all for this long
+LEASE = 6.0  # the fleet's model-call lease
+STALL = 4.0  # the fleet's stall timeout (its heartbeat renews every STALL / 3 s)
+SILENCE = 13.0  # the provider sends nothing at all for this long
+LATE = 7.0  # a superseded call answers after this long (the sweeper's copy first)
 
 
 @pytest.fixture(scope="module")
 def short_lease(settings: Settings, services: Any) -> Iterator[tuple[Settings, Client]]:
-    """A fleet (worker and beat) whose lease and stall timeout are ``LEASE``."""
+    """A fleet (worker and beat) whose lease is ``LEASE`` and stall timeout ``STALL``."""
     fast = settings.model_copy(
         update={
             "redis_prefix": f"{settings.redis_prefix}-lease",
-            "stall_timeout": LEASE,
+            "stall_timeout": STALL,
             "sweep_interval": 1.0,
             "lease_seconds": LEASE,
         }
@@ -83,10 +85,10 @@ def test_a_reply_whose_lease_was_taken_is_not_stored_but_its_usage_counts(
         # which a step stores in one statement), and an answer for whoever
         # calls next
         if late == "text":
-            server.enqueue_text("Too late.", delay=10.0, usage=(100, 7))
+            server.enqueue_text("Too late.", delay=LATE, usage=(100, 7))
         else:
             calls = [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]
-            server.enqueue_tool_calls(calls, delay=10.0, usage=(100, 7))
+            server.enqueue_tool_calls(calls, delay=LATE, usage=(100, 7))
         server.enqueue_text("On time.", usage=(50, 3))
         spec = _agent(server)
         job = client.submit(spec.model_copy(update={"tools": ("add",)}), "hi")

@@ -29,12 +29,16 @@ from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment,
 from orchestrator.engine.step import new_lease_owner
 from orchestrator.errors import JobFailedError
 from orchestrator.store.tables import EventRow, ToolCallRow, Turn
-from schemas import EventName, JobRequest
+from schemas import AgentSpec, EventName, JobRequest, RateLimit
 from tests.conftest import WorkerProcess
 
 pytestmark = pytest.mark.integration
 
 Private = Callable[..., tuple[Settings, Client]]
+
+#: A worker of these tests: alone on its key prefix, it has no neighbour to
+#: ask for revoked task ids at start (Celery's mingle waits a second for one).
+ALONE = "--without-mingle"
 
 
 @pytest.fixture
@@ -121,66 +125,56 @@ def _model_calls_per_step(client: Client, turn_ids: list[str]) -> list[int]:
 
 
 @pytest.mark.long
-def test_work_waiting_in_a_busy_queue_is_not_re_dispatched(private: Private) -> None:
-    # Given a 2-slot llm worker, a 0.5 s model and a stall timeout of 3 s
-    settings, client = private(stall_timeout=3.0)
-    llm = WorkerProcess(settings, "busy-llm", "-Q", "llm,control", "-P", "threads", "-c", "2")
-    with running(llm, client=client), sweeping(client) as sweeper:
-        # When 32 jobs queue up (the last waits about 8 s, over two stall timeouts)
-        jobs = [client.submit("sweep-slow", f"q{i}") for i in range(32)]
-        answers = [job.result(timeout=180) for job in jobs]
-
-    # Then each completes, the sweeper sent nothing, and the model was called once a step
-    assert answers == [f"slow: q{i}" for i in range(32)]
-    assert sweeper.sent == []
-    assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 32
-
-
-@pytest.mark.long
-def test_a_step_a_worker_holds_until_its_countdown_is_not_re_dispatched(
+def test_work_waiting_in_busy_queues_or_held_until_its_countdown_is_not_re_dispatched(
     private: Private,
 ) -> None:
-    # Given one model call per 8 s for the tenant, and a stall timeout of 3 s
+    # Three kinds of late work, in one fleet (they share its queues, and each
+    # is over two stall timeouts late):
+    # Given a 2-slot llm worker, a 2-process tools worker and a stall timeout of 3 s
     settings, client = private(stall_timeout=3.0)
-    llm = WorkerProcess(settings, "wait-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
+    llm = WorkerProcess(
+        settings, "busy-llm", "-Q", "llm,control", "-P", "threads", "-c", "2", ALONE
+    )
+    tools = WorkerProcess(settings, "busy-tools", "-Q", "tools", "-P", "prefork", "-c", "2", ALONE)
+    # and one model call per 4.5 s for a tenant (sweep-deferred's script, its
+    # period shortened)
     tenant = {"tenant": uuid.uuid4().hex}
-    with running(llm, client=client), sweeping(client) as sweeper:
-        # When three jobs arrive at once (the last is deferred about 16 s,
-        # its task held by the worker until its countdown ends)
-        jobs = [client.submit("sweep-deferred", f"d{i}", context_data=tenant) for i in range(3)]
-        answers = [job.result(timeout=120) for job in jobs]
-
-    # Then the sweeper sent nothing, and the model was called once a job
-    assert sorted(answers) == [f"deferred: d{i}" for i in range(3)]
-    assert sweeper.sent == []
-    assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 3
-
-
-@pytest.mark.long
-def test_tool_calls_waiting_in_a_busy_tools_queue_are_not_re_dispatched(
-    private: Private,
-) -> None:
-    # Given a 2-process tools worker, 2-second tools and a stall timeout of 3 s
-    settings, client = private(stall_timeout=3.0)
-    llm = WorkerProcess(settings, "busy-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
-    tools = WorkerProcess(settings, "busy-tools", "-Q", "tools", "-P", "prefork", "-c", "2")
+    deferred_agent = AgentSpec(
+        name="sweep-deferred",
+        model="scripted/sweep-deferred",
+        rate_limits=(RateLimit(key="tenant:{tenant}", requests=1, period=4.5),),
+    )
     with running(llm, tools, client=client), sweeping(client) as sweeper:
-        # When 8 jobs of 2 calls each queue up (the last calls wait about 14 s)
-        jobs = [client.submit("fragile-batch", f"b{i}") for i in range(8)]
-        for job in jobs:
+        # When 5 jobs of two 2-second tool calls each queue up (the last calls
+        # wait about 8 s in the tools queue),
+        batches = [client.submit("fragile-batch", f"b{i}") for i in range(5)]
+        # three jobs of the tenant arrive at once (the last is deferred about
+        # 9 s, its task held by the worker until its countdown ends),
+        deferred = [client.submit(deferred_agent, f"d{i}", context_data=tenant) for i in range(3)]
+        # and 26 jobs of a 0.5 s model queue up (the last waits about 6.5 s)
+        slow = [client.submit("sweep-slow", f"q{i}") for i in range(26)]
+        slow_answers = [job.result(timeout=180) for job in slow]
+        deferred_answers = [job.result(timeout=120) for job in deferred]
+        for job in batches:
             job.result(timeout=180)
 
-    # Then the sweeper sent nothing, and every call and model step ran once
+    # Then each completes, and the sweeper sent nothing
+    assert slow_answers == [f"slow: q{i}" for i in range(26)]
+    assert sorted(deferred_answers) == [f"deferred: d{i}" for i in range(3)]
     assert sweeper.sent == []
-    calls = [c for job in jobs for c in _calls(client, job.id)]
-    assert len(calls) == 16
+    # and every call and model step ran once
+    calls = [c for job in batches for c in _calls(client, job.id)]
+    assert len(calls) == 10
     assert all(c.status == "completed" and c.attempts == 1 for c in calls)
-    assert _model_calls_per_step(client, [j.id for j in jobs]) == [1] * 16
+    assert _model_calls_per_step(client, [j.id for j in slow]) == [1] * 26
+    assert _model_calls_per_step(client, [j.id for j in deferred]) == [1] * 3
+    assert _model_calls_per_step(client, [j.id for j in batches]) == [1] * 10
 
 
 def test_a_position_lost_every_time_fails_its_turn(private: Private) -> None:
-    # Given no worker on this prefix, so every step task sent is lost (purged)
-    _settings, client = private(stall_timeout=1.0, max_redispatches=3)
+    # Given no worker on this prefix, so every step task sent is lost (purged),
+    # and a stall timeout of 0.5 s (the re-sends back off 0.5, 1, 2 and 4 s)
+    _settings, client = private(stall_timeout=0.5, max_redispatches=3)
     llm_queue = _lists(client, "llm")
     job = client.submit("quick", "never answered")
     client.runtime.redis.delete(*llm_queue)
@@ -192,7 +186,7 @@ def test_a_position_lost_every_time_fails_its_turn(private: Private) -> None:
         assert time.monotonic() < deadline, "the turn never ended"
         sweeper.once()
         client.runtime.redis.delete(*llm_queue)
-        time.sleep(0.2)
+        time.sleep(0.1)
 
     # Then it re-sent the step max_redispatches times, backing off, and failed
     # the turn (whose end lets the conversation's next message start)
@@ -255,13 +249,15 @@ def test_a_step_waiting_in_an_unserved_queue_is_left_alone(private: Private) -> 
 
 @pytest.mark.long
 def test_stale_unacked_messages_of_finished_work_are_dropped(private: Private) -> None:
-    # Given a batch running on a tools worker
-    settings, client = private(stall_timeout=3.0)
-    llm = WorkerProcess(settings, "sw-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
-    tools = WorkerProcess(settings, "sw-tools", "-Q", "tools", "-P", "prefork", "-c", "2")
-    spare = None
+    # Given a batch running on a tools worker, and a spare worker started
+    # beside it that reads no tools queue yet (control only)
+    settings, client = private(stall_timeout=2.0)
+    llm = WorkerProcess(settings, "sw-llm", "-Q", "llm,control", "-P", "threads", "-c", "4", ALONE)
+    tools = WorkerProcess(settings, "sw-tools", "-Q", "tools", "-P", "prefork", "-c", "2", ALONE)
+    spare = WorkerProcess(settings, "sw-tools2", "-Q", "control", "-P", "prefork", "-c", "2", ALONE)
     try:
         with running(llm, tools, client=client):
+            spare.wait_ready(client)
             job = client.submit("fragile-batch", "go")
             deadline = time.monotonic() + 60
             while sum(c.status == "running" for c in _calls(client, job.id)) < 2:
@@ -273,8 +269,9 @@ def test_stale_unacked_messages_of_finished_work_are_dropped(private: Private) -
             tools.proc.wait(10)
             call_ids = {c.id for c in _calls(client, job.id)}
             assert call_ids <= _unacked_task_ids(client)
-            spare = WorkerProcess(settings, "sw-tools2", "-Q", "tools", "-P", "prefork", "-c", "2")
-            spare.wait_ready(client)
+            # (the spare now reads the tools queue)
+            control = client.celery.control
+            assert control.add_consumer("tools", destination=[spare.name], reply=True)
 
             # and the sweeper recovers the batch
             with sweeping(client):
@@ -287,8 +284,7 @@ def test_stale_unacked_messages_of_finished_work_are_dropped(private: Private) -
                     assert time.monotonic() < deadline, _unacked_task_ids(client)
                     time.sleep(0.3)
     finally:
-        if spare is not None:
-            spare.stop()
+        spare.stop()
     assert all(c.status == "completed" for c in _calls(client, job.id))
 
 
@@ -310,8 +306,8 @@ def _lose_dequeues(client: Client) -> None:
 def test_a_message_whose_dequeue_was_lost_starts_one_turn(private: Private) -> None:
     # Given an idle conversation, and no worker consuming the control queue
     settings, client = private(stall_timeout=1.0)
-    llm_only = WorkerProcess(settings, "sw-llm", "-Q", "llm", "-P", "threads", "-c", "2")
-    with running(llm_only, client=client):
+    worker = WorkerProcess(settings, "sw-all", "-Q", "llm", "-P", "threads", "-c", "2", ALONE)
+    with running(worker, client=client):
         first = client.submit("quick", "hello")
         first.result(timeout=60)
         conversation_id = first.conversation_id
@@ -320,15 +316,18 @@ def test_a_message_whose_dequeue_was_lost_starts_one_turn(private: Private) -> N
         # When a message is sent and its dequeue is lost
         entry = client.send(conversation_id, "are you there?")
         _lose_dequeues(client)
-    control = WorkerProcess(settings, "sw-all", "-Q", "llm,control", "-P", "threads", "-c", "2")
-    with running(control, client=client), sweeping(client) as sweeper:
-        # Then the sweeper dequeues it and it starts exactly one turn
-        deadline = time.monotonic() + 60
-        while (job := client.job_for_message(conversation_id, entry)) is None:
-            assert time.monotonic() < deadline, "the message was never dequeued"
-            time.sleep(0.2)
-        assert job.result(timeout=60) == "ok: are you there?"
-        time.sleep(3)  # more sweeps start nothing more
+
+        # (the worker reads the control queue from then on)
+        control = client.celery.control
+        assert control.add_consumer("control", destination=[worker.name], reply=True)
+        with sweeping(client) as sweeper:
+            # Then the sweeper dequeues it and it starts exactly one turn
+            deadline = time.monotonic() + 60
+            while (job := client.job_for_message(conversation_id, entry)) is None:
+                assert time.monotonic() < deadline, "the message was never dequeued"
+                time.sleep(0.2)
+            assert job.result(timeout=60) == "ok: are you there?"
+            time.sleep(3)  # more sweeps start nothing more
     assert any(isinstance(a, Dequeue) for a in sweeper.sent)
     assert len(_turns(client, conversation_id)) == 2
 
@@ -348,7 +347,9 @@ def test_messages_lost_with_redis_data_are_re_queued_from_postgres(private: Priv
 
     # Then, with a worker and the sweeper, the turn is re-run and each message
     # starts exactly one turn, in order
-    worker = WorkerProcess(settings, "sw-all", "-Q", "llm,control", "-P", "threads", "-c", "2")
+    worker = WorkerProcess(
+        settings, "sw-all", "-Q", "llm,control", "-P", "threads", "-c", "2", ALONE
+    )
     with running(worker, client=client), sweeping(client):
         assert job.result(timeout=90) == "ok: first"
         found = []

@@ -9,6 +9,7 @@ Each test runs on its own Redis key prefix with its own worker processes
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -22,10 +23,12 @@ from orchestrator.dispatch import dispatch
 from orchestrator.engine.actions import RunSegment, RunStep
 from orchestrator.errors import JobFailedError
 from orchestrator.store.tables import Conversation, EventRow
-from schemas import Budget, EventName
+from schemas import AgentSpec, Budget, EventName
+from schemas.specs import RetryPolicy
 from tests.conftest import WorkerProcess, worker_env
 from tests.integration import test_sweeper
 from tests.integration.test_sweeper import (
+    ALONE,
     Private,
     Sweeper,
     _lists,
@@ -69,14 +72,21 @@ def test_a_call_in_a_queue_no_worker_reads_is_reported_and_fails_its_turn(
     # Given a worker on every Chorus queue, and an agent whose tool is routed
     # to a queue that no worker reads
     settings, client = private(stall_timeout=1.0, max_redispatches=2)
-    llm = WorkerProcess(settings, "unread", "-Q", "llm,control,tools", "-P", "threads", "-c", "4")
+    llm = WorkerProcess(
+        settings, "unread", "-Q", "llm,control,tools", "-P", "threads", "-c", "4", ALONE
+    )
     with running(llm, client=client):
         job = client.submit("unread-queue", "go")
         deadline = time.monotonic() + 45
         while not any(client.runtime.redis.llen(k) for k in _lists(client, "nobody-reads")):
             assert time.monotonic() < deadline, "the call was never sent"
             time.sleep(0.1)
-        shown = run(["queues"], worker_env(settings)).stdout
+        # (`chorus queues` runs meanwhile: the call waits until the turn fails)
+        shown: list[str] = []
+        cli = threading.Thread(
+            target=lambda: shown.append(run(["queues"], worker_env(settings)).stdout)
+        )
+        cli.start()
 
         # When the sweeper runs while the call waits
         sweeper = Sweeper(client)
@@ -84,10 +94,12 @@ def test_a_call_in_a_queue_no_worker_reads_is_reported_and_fails_its_turn(
             assert time.monotonic() < deadline, "the turn never ended"
             sweeper.once()
             time.sleep(0.3)
+        cli.join(60)
+        assert shown, "`chorus queues` did not answer"
 
     # Then `chorus queues` flagged the queue, each sweep that found the call
     # said where it waits (never re-sending it), and the turn failed naming it
-    lines = {line.split()[0]: line for line in shown.splitlines() if line.strip()}
+    lines = {line.split()[0]: line for line in shown[0].splitlines() if line.strip()}
     assert "readers=0" in lines["nobody-reads"]
     assert "no worker reads this queue" in lines["nobody-reads"]
     assert "readers=1" in lines["llm"] and "no worker" not in lines["llm"]
@@ -104,15 +116,20 @@ def test_a_call_in_a_queue_no_worker_reads_is_reported_and_fails_its_turn(
 def test_a_deferral_longer_than_the_visibility_timeout_is_held_in_pieces(
     private: Private, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a visibility timeout of 6 s, and a model call that fails once
-    # and is retried after 10 s
-    monkeypatch.setenv("CHORUS_VISIBILITY_TIMEOUT", "6")
-    settings, client = private(visibility_timeout=6, stall_timeout=3.0)
-    llm = WorkerProcess(settings, "held", "-Q", "llm,control", "-P", "threads", "-c", "4")
+    # Given a visibility timeout of 4 s, and a model call that fails once
+    # and is retried after 7 s (retry-later's script, its delay shortened)
+    monkeypatch.setenv("CHORUS_VISIBILITY_TIMEOUT", "4")
+    settings, client = private(visibility_timeout=4, stall_timeout=3.0)
+    llm = WorkerProcess(settings, "held", "-Q", "llm,control", "-P", "threads", "-c", "4", ALONE)
+    agent = AgentSpec(
+        name="retry-later",
+        model="scripted/retry-later",
+        retry=RetryPolicy(initial_delay=7.0, jitter=0.0, max_attempts=3),
+    )
     held: list[float] = []
     with running(llm, client=client), sweeping(client) as sweeper:
         # When the retry waits, its task held by the worker until its countdown
-        job = client.submit("retry-later", uuid.uuid4().hex)
+        job = client.submit(agent, uuid.uuid4().hex)
         while _status(client, job.id) == "running":
             replies = client.celery.control.inspect([llm.name], timeout=1.0).scheduled() or {}
             now = datetime.now(UTC)
@@ -126,13 +143,13 @@ def test_a_deferral_longer_than_the_visibility_timeout_is_held_in_pieces(
     # sweeper sent nothing
     assert answer == "recovered"
     assert held, "no held task was seen"
-    assert max(held) <= 3.0 + 0.5, f"a task was held {max(held):.1f}s ahead"
+    assert max(held) <= 2.0 + 0.5, f"a task was held {max(held):.1f}s ahead"
     events = list(job.events(deltas=False, timeout=5))
     failed = [e for e in events if e.name is EventName.LLM_FAILED]
     requested = [e for e in events if e.name is EventName.LLM_REQUESTED]
     assert len(failed) == 1 and len(requested) == 2
     waited = (requested[1].time - failed[0].time).total_seconds()
-    assert waited >= 9.0, f"the retry ran after {waited:.1f}s, before it was due"
+    assert waited >= 6.5, f"the retry ran after {waited:.1f}s, before it was due"
     assert sweeper.sent == []
 
 
@@ -150,7 +167,7 @@ def test_a_worker_whose_clock_runs_ahead_neither_sweeps_nor_takes_a_live_lease(
     # its clock five minutes ahead, that runs the sweeps (its model client
     # loaded: it starts on the model queue too, then leaves it)
     settings, client = private(stall_timeout=3.0)
-    llm = WorkerProcess(settings, "clock-llm", "-Q", "llm", "-P", "threads", "-c", "1")
+    llm = WorkerProcess(settings, "clock-llm", "-Q", "llm", "-P", "threads", "-c", "1", ALONE)
     ahead = {
         "LD_PRELOAD": str(_faketime()),
         "FAKETIME": "+300",
@@ -159,7 +176,7 @@ def test_a_worker_whose_clock_runs_ahead_neither_sweeps_nor_takes_a_live_lease(
     }
     os.environ.update(ahead)
     try:
-        skewed = WorkerProcess(settings, "clock-ahead", "-Q", "llm,control", "-P", "threads")
+        skewed = WorkerProcess(settings, "clock-ahead", "-Q", "llm,control", "-P", "threads", ALONE)
     finally:
         for key in ahead:
             os.environ.pop(key)
