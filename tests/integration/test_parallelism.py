@@ -164,15 +164,15 @@ def test_an_interactive_job_overtakes_a_backlog_of_batch_jobs(private: Private) 
     with running(worker, client=client):
         first = client.submit("gated", f"{gate} b0", priority=0)
         _wait_for(gate_path(settings.state_dir, f"{gate}-started"))
-        # When seven more batch jobs queue up, then one interactive job
-        backlog = [client.submit("gated", f"{gate} b{i}", priority=0) for i in range(1, 8)]
+        # When three more batch jobs queue up, then one interactive job
+        backlog = [client.submit("gated", f"{gate} b{i}", priority=0) for i in range(1, 4)]
         urgent = client.submit("gated", f"{gate} urgent", priority=9)
         gate_path(settings.state_dir, gate).touch()
         answers = [job.result(timeout=60) for job in [first, *backlog, urgent]]
 
     # Then every job answered, and the interactive one finished right after
     # the job the worker already held, before the whole backlog
-    assert answers == [f"done b{i}" for i in range(8)] + ["done urgent"]
+    assert answers == [f"done b{i}" for i in range(4)] + ["done urgent"]
     order = _finish_order(client, [first.id, *(j.id for j in backlog), urgent.id])
     assert order[:2] == [first.id, urgent.id]
     assert order[2:] == [j.id for j in backlog]  # the backlog in its own order
