@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy
 
 from orchestrator import Settings
+from tests.cli_inprocess import run_main
 from tests.conftest import ROOT, worker_env
 
 CHORUS = [sys.executable, "-m", "orchestrator.cli"]
@@ -44,30 +45,6 @@ def test_help_is_fast_and_does_not_import_litellm() -> None:
         assert command in out.stdout
 
 
-@pytest.mark.long
-def test_local_runs_the_example_on_the_embedded_default(tmp_path: Path) -> None:
-    # Given no Redis or Postgres configured
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
-    env.update(CHORUS_STATE_DIR=str(tmp_path), LITELLM_LOCAL_MODEL_COST_MAP="True")
-
-    # When the README's main command runs
-    out = run(["local"], env)
-
-    # Then the example job completes end to end and says where its state lives
-    assert out.returncode == 0, out.stdout + out.stderr
-    text = " ".join(out.stdout.split())
-    assert "completed job" in text
-    assert "Casa do Rio" in text and "Booked: BK-" in text
-    assert str(tmp_path / "chorus.db") in text
-    with sqlite3.connect(tmp_path / "chorus.db") as db:
-        kinds = [k for (k,) in db.execute("select kind from chorus_message order by id")]
-        (tools,) = db.execute(
-            "select count(*) from chorus_tool_call where status='completed'"
-        ).fetchone()
-    assert kinds == ["input", "assistant", "tool_results", "assistant"]
-    assert tools == 4
-
-
 def test_local_refuses_an_unknown_example(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
     env.update(CHORUS_STATE_DIR=str(tmp_path))
@@ -77,7 +54,9 @@ def test_local_refuses_an_unknown_example(tmp_path: Path) -> None:
     assert not (tmp_path / "chorus.db").exists()  # refused before anything started
 
 
-def test_a_service_that_does_not_answer_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+def test_a_service_that_does_not_answer_is_one_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
     env.update(CHORUS_STATE_DIR=str(tmp_path), CHORUS_REDIS_URL="redis://127.0.0.1:1/0")
     out = run(["queues"], env)
@@ -87,7 +66,8 @@ def test_a_service_that_does_not_answer_is_one_line_not_a_traceback(tmp_path: Pa
 
     env["CHORUS_REDIS_URL"] = os.environ.get("CHORUS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     env["CHORUS_DATABASE_URL"] = "postgresql+psycopg://postgres:hunter2@127.0.0.1:1/chorus"
-    out = run(["status", "job-1"], env)
+    # (through the entry point, in this process: the script itself ran above)
+    out = run_main(["status", "job-1"], env, monkeypatch, capsys)
     assert out.returncode == 1, out.stderr
     assert out.stderr.startswith("chorus: Postgres does not answer: ")
     assert "Traceback" not in out.stderr and "hunter2" not in out.stderr
@@ -119,7 +99,10 @@ def test_a_database_without_the_tables_is_one_line(settings: Settings) -> None:
 @pytest.mark.long
 @pytest.mark.integration
 def test_submit_follow_status_and_events_against_the_fleet(
-    settings: Settings, workers: Any
+    settings: Settings,
+    workers: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     env = worker_env(settings)
     out = run(["submit", "trip-planner", "Lisbon for three nights", "--follow"], env)
@@ -128,28 +111,39 @@ def test_submit_follow_status_and_events_against_the_fleet(
     assert "Casa do Rio" in out.stdout
     job_id = re.search(r"job ([0-9a-f]{32})", out.stdout).group(1)  # type: ignore[union-attr]
 
-    status = run(["status", job_id], env)
+    # (status and events through the entry point, in this process; the
+    # script's own events: tests/integration/test_cli_behaviour.py)
+    status = run_main(["status", job_id], env, monkeypatch, capsys)
     assert (
         status.returncode == 0 and "completed" in status.stdout and "Casa do Rio" in status.stdout
     )
 
-    events = run(["events", job_id], env)
+    events = run_main(["events", job_id], env, monkeypatch, capsys)
     assert events.returncode == 0
     names = [json.loads(line)["name"] for line in events.stdout.splitlines()]  # JSON Lines
     assert names.count("tool.completed") == 4
     assert names[-1] == "turn.completed"
 
 
-def test_two_local_runs_at_once_in_one_fresh_state_dir_both_complete(tmp_path: Path) -> None:
-    # Given no services and an empty state directory
+@pytest.mark.long
+def test_local_runs_the_example_on_the_embedded_default_twice_at_once(tmp_path: Path) -> None:
+    # Given no Redis or Postgres configured, and an empty state directory
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_")}
     env.update(CHORUS_STATE_DIR=str(tmp_path), LITELLM_LOCAL_MODEL_COST_MAP="True")
 
-    # When two `chorus local` start in it at the same moment (both migrate
-    # the one SQLite file)
+    # When the README's main command starts twice in it at the same moment
+    # (both migrate the one SQLite file): as is, and on one core (so with
+    # one worker process, not one a core: fewer start-ups on a busy machine)
+    on_one_core = [
+        sys.executable,
+        "-c",
+        f"import os, sys; os.sched_setaffinity(0, {{{min(os.sched_getaffinity(0))}}}); "
+        "os.execv(sys.executable, sys.argv[1:])",
+        *CHORUS,
+    ]
     runs = [
         subprocess.Popen(
-            [*CHORUS, "local"],
+            [*command, "local"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -157,11 +151,32 @@ def test_two_local_runs_at_once_in_one_fresh_state_dir_both_complete(tmp_path: P
             text=True,
             stdin=subprocess.DEVNULL,
         )
-        for _ in range(2)
+        for command in (CHORUS, on_one_core)
     ]
     outputs = [run.communicate(timeout=180)[0] for run in runs]
 
-    # Then both jobs complete: neither trips over the other's CREATE TABLE
+    # Then both example jobs complete end to end (neither trips over the
+    # other's CREATE TABLE), and each says where its state lives
     for run, output in zip(runs, outputs, strict=True):
         assert run.returncode == 0, output[-3000:]
-        assert "completed job" in " ".join(output.split())
+        text = " ".join(output.split())
+        assert "completed job" in text
+        assert "Casa do Rio" in text and "Booked: BK-" in text
+        assert str(tmp_path / "chorus.db") in text
+    # and each turn stored its messages in order and ran its four tools
+    with sqlite3.connect(tmp_path / "chorus.db") as db:
+        turns = [t for (t,) in db.execute("select distinct turn_id from chorus_message")]
+        assert len(turns) == 2, turns
+        for turn in turns:
+            kinds = [
+                k
+                for (k,) in db.execute(
+                    "select kind from chorus_message where turn_id = ? order by id", (turn,)
+                )
+            ]
+            (tools,) = db.execute(
+                "select count(*) from chorus_tool_call where status='completed' and turn_id = ?",
+                (turn,),
+            ).fetchone()
+            assert kinds == ["input", "assistant", "tool_results", "assistant"], turn
+            assert tools == 4, turn

@@ -54,7 +54,9 @@ def fresh(
     monkeypatch.setenv("CHORUS_RATE_LIMIT_ALLOWANCE", str(ALLOWANCE))
     client = Client(own)
     fleet = [
-        WorkerProcess(own, f"fresh{i}", "-Q", "llm,control", "-P", "threads", "-c", "16")
+        WorkerProcess(
+            own, f"fresh{i}", "-Q", "llm,control", "-P", "threads", "-c", "16", "--without-mingle"
+        )
         for i in range(2)
     ]
     try:

@@ -93,8 +93,13 @@ def mcp_fleet(settings: Settings, mcp_url: str) -> Iterator[Client]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("CHORUS_TEST_MCP_URL", mcp_url)
         fleet = [
-            WorkerProcess(own, "mcp-llm", "-Q", "llm,control", "-P", "threads", "-c", "4"),
-            WorkerProcess(own, "mcp-tools", "-Q", "tools,mcp", "-P", "prefork", "-c", "4"),
+            # (no mingle: on a prefix of their own there is no other worker to ask)
+            WorkerProcess(
+                own, "mcp-llm", "-Q", "llm,control", "-P", "threads", "-c", "4", "--without-mingle"
+            ),
+            WorkerProcess(
+                own, "mcp-tools", "-Q", "tools,mcp", "-P", "prefork", "-c", "4", "--without-mingle"
+            ),
         ]
     try:
         with started(client, fleet):

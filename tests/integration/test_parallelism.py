@@ -38,7 +38,9 @@ private = test_sweeper.private
 @pytest.fixture(scope="module")
 def lanes(settings: Settings, client: Client) -> Iterator[WorkerProcess]:
     """A worker of the ``lanes`` queue with more slots than any cap tested."""
-    worker = WorkerProcess(settings, "lanes", "-Q", "lanes", "-P", "threads", "-c", "16")
+    worker = WorkerProcess(
+        settings, "lanes", "-Q", "lanes", "-P", "threads", "-c", "16", "--without-mingle"
+    )
     try:
         worker.wait_ready(client)
         yield worker
@@ -155,20 +157,22 @@ def _wait_for(path: Path, timeout: float = 60.0) -> None:
 def test_an_interactive_job_overtakes_a_backlog_of_batch_jobs(private: Private) -> None:
     # Given a fleet of one worker slot, busy with a batch job held at a gate
     settings, client = private()
-    worker = WorkerProcess(settings, "one-slot", "-Q", "llm,control", "-P", "threads", "-c", "1")
+    worker = WorkerProcess(
+        settings, "one-slot", "-Q", "llm,control", "-P", "threads", "-c", "1", "--without-mingle"
+    )
     gate = uuid.uuid4().hex
     with running(worker, client=client):
         first = client.submit("gated", f"{gate} b0", priority=0)
         _wait_for(gate_path(settings.state_dir, f"{gate}-started"))
-        # When seven more batch jobs queue up, then one interactive job
-        backlog = [client.submit("gated", f"{gate} b{i}", priority=0) for i in range(1, 8)]
+        # When three more batch jobs queue up, then one interactive job
+        backlog = [client.submit("gated", f"{gate} b{i}", priority=0) for i in range(1, 4)]
         urgent = client.submit("gated", f"{gate} urgent", priority=9)
         gate_path(settings.state_dir, gate).touch()
         answers = [job.result(timeout=60) for job in [first, *backlog, urgent]]
 
     # Then every job answered, and the interactive one finished right after
     # the job the worker already held, before the whole backlog
-    assert answers == [f"done b{i}" for i in range(8)] + ["done urgent"]
+    assert answers == [f"done b{i}" for i in range(4)] + ["done urgent"]
     order = _finish_order(client, [first.id, *(j.id for j in backlog), urgent.id])
     assert order[:2] == [first.id, urgent.id]
     assert order[2:] == [j.id for j in backlog]  # the backlog in its own order
@@ -178,12 +182,14 @@ def test_an_interactive_job_overtakes_a_backlog_of_batch_jobs(private: Private) 
 def test_every_task_of_a_job_tree_carries_its_priority(
     private: Private, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given workers that record the broker priority of each task they run
+    # Given a worker of every queue that records the broker priority of each
+    # task it runs (one process: a second would only add its start-up)
     monkeypatch.setenv(RECORD_PRIORITIES, "1")
     settings, client = private()
-    llm = WorkerProcess(settings, "rec-llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
-    tools = WorkerProcess(settings, "rec-tools", "-Q", "tools", "-P", "threads", "-c", "4")
-    with running(llm, tools, client=client):
+    worker = WorkerProcess(
+        settings, "rec", "-Q", "llm,control,tools", "-P", "threads", "-c", "8", "--without-mingle"
+    )
+    with running(worker, client=client):
         # When a job with a tool call and a subagent (itself calling a tool)
         # runs at priority 8
         job = client.submit("busy-lead", "go", priority=8)

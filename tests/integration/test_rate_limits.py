@@ -21,7 +21,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture()
 def second_llm_worker(settings: Settings, client: Client, workers: Any) -> Iterator[WorkerProcess]:
-    extra = WorkerProcess(settings, "llm2", "-Q", "llm,control", "-P", "threads", "-c", "16")
+    extra = WorkerProcess(
+        settings, "llm2", "-Q", "llm,control", "-P", "threads", "-c", "16", "--without-mingle"
+    )
     try:
         extra.wait_ready(client)
         yield extra
