@@ -30,6 +30,8 @@ SHARED_MODULES = frozenset(
     {
         "tests/dashboard/test_browser.py",  # browser: one Chromium
         "tests/integration/test_event_streams.py",  # short_lived: a worker with short streams
+        "tests/integration/test_mcp_toolsets.py",  # mcp_fleet: two workers with MCP servers
+        "tests/integration/test_model_lease.py",  # short_lease: a fleet with a short lease
         "tests/integration/test_model_paths.py",  # proxy: one LiteLLM proxy process
         "tests/integration/test_parallelism.py",  # lanes: a worker of the lanes queue
         "tests/integration/test_step_queries.py",  # meter: an in-process worker, metered
