@@ -120,6 +120,11 @@ def _chaos(
     **overrides: float,
 ) -> None:
     monkeypatch.setenv("CHORUS_TEST_CHAOS_TOOL_SECONDS", str(tool_seconds))
+    # A step whose worker died (or whose copy failed) while it held its
+    # conversation's lease is taken again once the lease expires: after
+    # 10 s, not the default 60 s (the heartbeat renews a lease every
+    # third of the stall timeout while its model call runs)
+    monkeypatch.setenv("CHORUS_LEASE_SECONDS", "10")
     with (
         isolated_settings(services, tmp_path, **overrides) as settings,
         running_fleet(settings, workers) as (client, fleet),
@@ -277,6 +282,10 @@ def test_redis_and_postgres_restarted_mid_run(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CHORUS_TEST_CHAOS_TOOL_SECONDS", "2.0")
+    # A step whose copy failed during the outage while it held its
+    # conversation's lease is taken again once the lease expires: after
+    # 10 s, not the default 60 s
+    monkeypatch.setenv("CHORUS_LEASE_SECONDS", "10")
     # Given a fleet on a Redis of its own, persisted with AOF as compose runs
     # it, and on a Postgres cluster of its own
     with (
