@@ -61,13 +61,43 @@ def test_the_sweepers_view_of_the_broker_skips_malformed_unacked_entries(
             client.close()
 
 
+def _task(task: str, body: str = "W1tdLCB7fSwge31d", **headers: object) -> bytes:
+    """A Celery protocol 2 message of ``task`` with its id and ``headers``."""
+    return _envelope({"task": task, "id": f"crafted-{task}", **headers}, body=body)
+
+
+#: Envelopes that look like Chorus's tasks, each wrong in one field.
+ODD_TASKS = [
+    _task("chorus.step", body="!!! not base64"),
+    _task("chorus.step", body="e30="),  # {}: not [args, kwargs, embed]
+    _task("chorus.advance", eta="not a date"),
+    _task("chorus.tool", expires="not a date"),
+    _task("chorus.tool", timelimit=["a", "b"]),
+    _task("chorus.dequeue", retries="many"),
+    _task("chorus.sweep", argsrepr=None, kwargsrepr=[1]),
+    _task("chorus.step", priority="high"),
+]
+
+
+def _restore_failures(worker: WorkerProcess, since: int) -> int:
+    """How often the worker's periodic restore of unacked messages (kombu,
+    every 10 s) failed on an entry since ``since`` (:meth:`WorkerProcess.log_end`)."""
+    with worker.log_path.open("rb") as log:
+        log.seek(since)
+        lines = log.read().decode(errors="replace").splitlines()
+    return sum(1 for line in lines if "Error in timer" in line and "restore_visible" in line)
+
+
 @pytest.mark.long
 @pytest.mark.timeout(180)
 def test_a_worker_goes_on_past_malformed_unacked_entries_and_keys_of_the_wrong_type(
     services: Services, tmp_path: Path
 ) -> None:
-    # Given a worker of its own (restoring unacked messages every 10 s)
-    with isolated_settings(services, tmp_path, visibility_timeout=60) as settings:
+    # Given a worker of its own (restoring unacked messages every 10 s), and
+    # (once the fleet has a step to re-send) a sweeper quick to re-send it
+    with isolated_settings(
+        services, tmp_path, visibility_timeout=60, stall_timeout=3.0, sweep_interval=1.0
+    ) as settings:
         client = Client(settings)
         worker = WorkerProcess(settings, "all", "-Q", "llm,control,tools", "-P", "threads")
         try:
@@ -76,13 +106,28 @@ def test_a_worker_goes_on_past_malformed_unacked_entries_and_keys_of_the_wrong_t
             prefix = settings.redis_prefix
             # When the unacked hash holds malformed entries past their
             # visibility timeout, and a priority list of a queue is a hash
+            since = worker.log_end()
             unacked = f"{prefix}:unacked"
             for i, raw in enumerate(MALFORMED_UNACKED):
                 broker.hset(unacked, f"bad-{i}", raw)
                 broker.zadd(f"{unacked}_index", {f"bad-{i}": time.time() - 3600})
             broker.hset(f"{prefix}:tools\x06\x163", "not", "a list")
             broker.set(dropped_messages(prefix), "not a counter")
-            time.sleep(25)  # two restore cycles
+            # and two restore cycles met the malformed entries
+            deadline = time.monotonic() + 60
+            while _restore_failures(worker, since) < 2:
+                assert worker.proc.poll() is None, "the worker stopped"
+                assert time.monotonic() < deadline, "no two restore cycles in 60 s"
+                time.sleep(0.5)
+            # and messages of Chorus's tasks, each wrong in one field, reach its
+            # queues (pushed after those cycles: one is a sweep, which would
+            # take the malformed entries out) and it takes them all
+            push_onto_queues(settings, ODD_TASKS)
+            queues = [f"{prefix}:{q}" for q in ("control", "llm", "tools")]
+            deadline = time.monotonic() + 30
+            while any(broker.llen(q) for q in queues):
+                assert time.monotonic() < deadline, "the crafted messages were not all taken"
+                time.sleep(0.2)
             # Then it still runs jobs
             assert client.submit("fleet-batch", "2 0.1").result(timeout=60) == "slept 2"
             assert worker.proc.poll() is None
@@ -102,45 +147,6 @@ def test_a_worker_goes_on_past_malformed_unacked_entries_and_keys_of_the_wrong_t
             assert worker.proc.poll() is None
             aside = sorted(k.decode() for k in broker.scan_iter(f"{prefix}:*:wrongtype:*"))
             assert len(aside) == 3, aside
-        finally:
-            worker.stop()
-            client.close()
-    log = worker.log_path.read_text(errors="replace")
-    assert "Unrecoverable error" not in log
-
-
-def _task(task: str, body: str = "W1tdLCB7fSwge31d", **headers: object) -> bytes:
-    """A Celery protocol 2 message of ``task`` with its id and ``headers``."""
-    return _envelope({"task": task, "id": f"crafted-{task}", **headers}, body=body)
-
-
-#: Envelopes that look like Chorus's tasks, each wrong in one field.
-ODD_TASKS = [
-    _task("chorus.step", body="!!! not base64"),
-    _task("chorus.step", body="e30="),  # {}: not [args, kwargs, embed]
-    _task("chorus.advance", eta="not a date"),
-    _task("chorus.tool", expires="not a date"),
-    _task("chorus.tool", timelimit=["a", "b"]),
-    _task("chorus.dequeue", retries="many"),
-    _task("chorus.sweep", argsrepr=None, kwargsrepr=[1]),
-    _task("chorus.step", priority="high"),
-]
-
-
-@pytest.mark.long
-@pytest.mark.timeout(180)
-def test_messages_of_chorus_tasks_wrong_in_one_field_cost_no_worker(
-    services: Services, tmp_path: Path
-) -> None:
-    with isolated_settings(services, tmp_path) as settings:
-        client = Client(settings)
-        worker = WorkerProcess(settings, "all", "-Q", "llm,control,tools", "-P", "threads")
-        try:
-            worker.wait_ready(client, 120)
-            push_onto_queues(settings, ODD_TASKS)
-            time.sleep(5)
-            assert client.submit("fleet-batch", "2 0.1").result(timeout=60) == "slept 2"
-            assert worker.proc.poll() is None
         finally:
             worker.stop()
             client.close()

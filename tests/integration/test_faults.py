@@ -115,10 +115,18 @@ def _chaos(
     kills: int,
     messages: int,
     window: float,
+    calm_window: float | None = None,
+    tool_seconds: float = 1.0,
+    **overrides: float,
 ) -> None:
-    monkeypatch.setenv("CHORUS_TEST_CHAOS_TOOL_SECONDS", "1.0")
+    monkeypatch.setenv("CHORUS_TEST_CHAOS_TOOL_SECONDS", str(tool_seconds))
+    # A step whose worker died (or whose copy failed) while it held its
+    # conversation's lease is taken again once the lease expires: after
+    # 10 s, not the default 60 s (the heartbeat renews a lease every
+    # third of the stall timeout while its model call runs)
+    monkeypatch.setenv("CHORUS_LEASE_SECONDS", "10")
     with (
-        isolated_settings(services, tmp_path) as settings,
+        isolated_settings(services, tmp_path, **overrides) as settings,
         running_fleet(settings, workers) as (client, fleet),
     ):
         size: dict[str, Any] = dict(
@@ -128,7 +136,8 @@ def _chaos(
             timeout=max(150.0, 3 * window),  # a loaded machine recovers slowly
         )
         # Given a baseline of the same size with no fault
-        calm = _chaos_run(client, fleet, settings, tag="calm", kills=0, **size)
+        calm_size = {**size, "window": calm_window or window}
+        calm = _chaos_run(client, fleet, settings, tag="calm", kills=0, **calm_size)
         calm.report()
         # When workers are SIGKILLed throughout a run of the same size
         hurt = _chaos_run(client, fleet, settings, tag="kill", kills=kills, **size)
@@ -155,6 +164,16 @@ def test_kill9_workers_during_fanout_runs_reduced(
         kills=4,
         messages=5,
         window=16.0,
+        # its messages still arrive mid-run, sooner
+        calm_window=4.0,
+        # each tool sleeps 0.5 s (the barrier 0.25 s): the three tool
+        # processes are busy all run long, so every kill of them still
+        # finds tools running
+        tool_seconds=0.5,
+        # a lost step or tool call is re-sent 4 s after its last progress,
+        # not 8 s
+        stall_timeout=4.0,
+        sweep_interval=1.0,
     )
 
 
@@ -177,7 +196,11 @@ def test_kill9_workers_during_fanout_runs_full(
 
 # -- (b) a silent model call longer than the lease and the visibility timeout --
 
-SILENCE = 20.0  # seconds before the provider's first byte
+#: Seconds before the provider's first byte: more than the visibility
+#: timeout (2 s) plus kombu's restore interval of unacked messages (10 s,
+#: orchestrator.celery_conf), so a restore hands the message out again
+#: during the call.
+SILENCE = 16.0
 
 
 @pytest.mark.long
@@ -186,15 +209,15 @@ def test_a_silent_model_call_longer_than_the_lease_is_made_once(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a fleet whose lease (3 s), stall timeout (4 s) and broker
-    # visibility timeout (5 s) are all far shorter than the model call
+    # visibility timeout (2 s) are all far shorter than the model call
     monkeypatch.setenv("CHORUS_LEASE_SECONDS", "3")
-    monkeypatch.setenv("CHORUS_VISIBILITY_TIMEOUT", "5")
+    monkeypatch.setenv("CHORUS_VISIBILITY_TIMEOUT", "2")
     with (
         isolated_settings(services, tmp_path, stall_timeout=4.0, sweep_interval=1.0) as settings,
-        running_fleet(settings, ONE_WORKER) as (client, _fleet),
+        running_fleet(settings, ONE_WORKER) as (client, fleet),
         LoopbackLLM() as server,
     ):
-        # and a provider that thinks 20 s before answering with a tool call only
+        # and a provider that thinks 16 s before answering with a tool call only
         server.enqueue_tool_calls([("add", {"a": 2, "b": 40})], delay=SILENCE)
         server.enqueue_text("The sum is 42.")
         spec = AgentSpec(
@@ -227,6 +250,10 @@ def test_a_silent_model_call_longer_than_the_lease_is_made_once(
     # and the turn completed with the answer, after the whole silence
     assert answer == "The sum is 42."
     assert seconds >= SILENCE
+    # and the broker did hand the step's message out again during the call
+    log = fleet.procs["all"].log_path.read_text(errors="replace")
+    step = f"chorus.step[step:{job.conversation_id}:{job.id}:0] received"
+    assert log.count(step) >= 2, "no redelivery after the visibility timeout"
 
 
 # -- (c) Redis and Postgres restarted mid-run -----------------------------------
@@ -255,13 +282,24 @@ def test_redis_and_postgres_restarted_mid_run(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CHORUS_TEST_CHAOS_TOOL_SECONDS", "2.0")
+    # A step whose copy failed during the outage while it held its
+    # conversation's lease is taken again once the lease expires: after
+    # 10 s, not the default 60 s
+    monkeypatch.setenv("CHORUS_LEASE_SECONDS", "10")
     # Given a fleet on a Redis of its own, persisted with AOF as compose runs
     # it, and on a Postgres cluster of its own
     with (
         PrivateRedis(tmp_path / "redis") as redis_server,
         PrivateCluster() as cluster,
         isolated_settings(
-            services, tmp_path, redis_url=redis_server.url, database_url=cluster.url
+            services,
+            tmp_path,
+            redis_url=redis_server.url,
+            database_url=cluster.url,
+            # what the outage lost is re-sent 4 s after its last progress
+            # (a tool takes 2 s), not 8 s
+            stall_timeout=4.0,
+            sweep_interval=1.0,
         ) as settings,
         running_fleet(settings, ONE_WORKER) as (client, fleet),
     ):

@@ -51,9 +51,10 @@ def test_a_tool_that_kills_a_supervised_threads_worker_ends_with_an_error(
     services: Services, tmp_path: Path
 ) -> None:
     # Given a supervised threads worker (two processes) of the tool's queue,
-    # an llm worker and beat (the sweeper re-sends the lost call: stall 3 s,
-    # then 6 s and 12 s, each re-dispatch of the position waiting twice as long)
-    with isolated_settings(services, tmp_path, stall_timeout=3.0) as settings:
+    # an llm worker and beat (the sweeper re-sends the lost call: stall 1.5 s,
+    # then 3 s and 6 s, each re-dispatch of the position waiting twice as
+    # long; a re-sent copy waits in the queue while both processes restart)
+    with isolated_settings(services, tmp_path, stall_timeout=1.5, sweep_interval=0.5) as settings:
         client = Client(settings)
         llm = WorkerProcess(settings, "llm", "-Q", "llm,control", "-P", "threads", "-c", "4")
         tools = WorkerProcess(
