@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from functools import cached_property
@@ -421,13 +422,28 @@ def _wait_end(job: Job, timeout: float | None) -> JobStatus | Event:
                         return job.status() if is_cut(fields) else event
 
 
-def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterator[Event]:
+def follow_until(job: Job, since: int, deltas: bool, stop: threading.Event) -> Iterator[Event]:
+    """``job.events(since, deltas=deltas)`` that also ends at its next quiet
+    period (at most ``QUIET_POLL_MAX`` seconds) once ``stop`` is set: the
+    HTTP server follows a job in a thread this way, so a follower whose
+    client left ends even while the job is quiet (waiting for a person)."""
+    return _follow(job, _since(since), None, args.flag(deltas, "deltas"), stop)
+
+
+def _follow(
+    job: Job,
+    last: int,
+    timeout: float | None,
+    deltas: bool,
+    stop: threading.Event | None = None,
+) -> Iterator[Event]:
     """Postgres is read for every stored event, so order and completeness
     never depend on Redis; the stream wakes the follower and carries deltas.
 
     Ends with the turn's terminal event, or, when that event is at or
     before ``since`` (a follower resuming a finished turn), as soon as
-    Postgres shows the turn finished.
+    Postgres shows the turn finished; or after a quiet period once ``stop``
+    is set.
     """
     waiter = _Waiter(job, timeout)
     with job._client.streams.subscribe(_stream(job)) as subscription:
@@ -449,6 +465,8 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
                     return
             behind = follow.behind()
             live = waiter.wait(subscription, behind=behind)
+            if live is None and stop is not None and stop.is_set():
+                return
             # on a quiet period look in Postgres anyway; and while an
             # announced event is not readable yet (an older transaction is
             # still open), look again even if only deltas came meanwhile

@@ -99,6 +99,12 @@ class Settings(BaseSettings):
         "last turn's end); followers of an expired stream read Postgres.",
     )
     max_input_chars: int = Field(default=200_000, description="Largest accepted job input.")
+    max_event_streams: int = Field(
+        default=1000,
+        ge=1,
+        description="Most event streams one `chorus server` process serves at once (a "
+        "thread each); one more is refused with 503.",
+    )
     max_depth: int = Field(
         default=4, ge=0, description="Deepest subagent nesting below a root conversation."
     )

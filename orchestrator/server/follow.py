@@ -1,14 +1,14 @@
 """Events as an async iterator, for the SSE routes.
 
-The one place that knows how events are read: today the sync
-:class:`~orchestrator.client.Client`'s ``Job.events()`` runs in a thread of
-its own per follower (not the shared thread pool, which a thousand
-followers would exhaust) and hands each event to the event loop. When the
-``AsyncClient`` lands, :func:`job_events` and :func:`tree_events` become
-``async for`` over its ``events()``, and nothing else changes.
+The one place that knows how events are read: the sync
+:class:`~orchestrator.client.Client` follows a job in a thread of its own
+per follower (not the shared thread pool, which a thousand followers would
+exhaust) and hands each event to the event loop.
 
-A follower that disconnects stops its thread at the next event it would
-have sent (or when the turn ends).
+A follower whose client disconnects stops its thread at the next event it
+would have sent, or at the follow's next quiet period (at most
+``QUIET_POLL_MAX`` seconds). At most ``settings.max_event_streams`` follower
+threads run at once: a stream asked for beyond that is refused with 503.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 from sqlmodel import col, select
 
-from orchestrator.client import Client, Job
+from orchestrator.client import Client, Job, follow_until
+from orchestrator.errors import ServiceUnavailableError
 from orchestrator.events import row_to_event, visible_below
 from orchestrator.job_reads import settle
 from orchestrator.store.tables import Conversation, EventRow
@@ -53,7 +54,34 @@ class _End:
         self.error = error
 
 
-async def _threaded(events: Callable[[], Iterator[Event]]) -> AsyncIterator[Event]:
+class _Open:
+    """How many follower threads run now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def admit(self, limit: int) -> None:
+        """Raise :class:`ServiceUnavailableError` (503) when ``limit`` run."""
+        if self.count >= limit:
+            raise ServiceUnavailableError(
+                f"{limit} event streams are open (CHORUS_MAX_EVENT_STREAMS); retry later"
+            )
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.count -= 1
+
+
+#: This process's follower threads.
+OPEN = _Open()
+
+
+async def _threaded(events: Callable[[threading.Event], Iterator[Event]]) -> AsyncIterator[Event]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event | _End] = asyncio.Queue()
     stop = threading.Event()
@@ -65,15 +93,16 @@ async def _threaded(events: Callable[[], Iterator[Event]]) -> AsyncIterator[Even
             stop.set()
 
     def run() -> None:
-        try:
-            for event in events():
-                put(event)
-                if stop.is_set():
-                    return
-        except BaseException as exc:
-            put(_End(exc))
-        else:
-            put(_End())
+        with OPEN:
+            try:
+                for event in events(stop):
+                    put(event)
+                    if stop.is_set():
+                        return
+            except BaseException as exc:
+                put(_End(exc))
+            else:
+                put(_End())
 
     threading.Thread(target=run, name="chorus-sse-follower", daemon=True).start()
     try:
@@ -90,19 +119,23 @@ async def _threaded(events: Callable[[], Iterator[Event]]) -> AsyncIterator[Even
 
 def job_events(job: Job, since: int, deltas: bool) -> AsyncIterator[Event]:
     """The job's events after ``since``, live until its turn ends."""
-    return _threaded(lambda: job.events(since=since, deltas=deltas))
+    OPEN.admit(job._client.settings.max_event_streams)
+    return _threaded(lambda stop: follow_until(job, since, deltas, stop))
 
 
 def tree_events(client: Client, root_id: str, since: int, deltas: bool) -> AsyncIterator[Event]:
     """Every event of the conversation tree after ``since``: the stored
     ones, then each turn that runs on the root conversation, live, until
     the root is idle (a turn a queued message starts is followed too)."""
-    return _threaded(lambda: _tree(client, root_id, since, deltas))
+    OPEN.admit(client.settings.max_event_streams)
+    return _threaded(lambda stop: _tree(client, root_id, since, deltas, stop))
 
 
-def _tree(client: Client, root_id: str, since: int, deltas: bool) -> Iterator[Event]:
+def _tree(
+    client: Client, root_id: str, since: int, deltas: bool, stop: threading.Event
+) -> Iterator[Event]:
     last = since
-    while True:
+    while not stop.is_set():
         for event in _stored(client, root_id, last):
             last = event.seq or last
             yield event
@@ -117,7 +150,7 @@ def _tree(client: Client, root_id: str, since: int, deltas: bool) -> Iterator[Ev
         if running is None:
             yield from _stored(client, root_id, last)
             return
-        for event in client.job(running).events(since=last, deltas=deltas):
+        for event in follow_until(client.job(running), last, deltas, stop):
             last = event.seq or last
             yield event
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from orchestrator import Client
+from orchestrator import Client, Settings
 from orchestrator.server.body_limit import MAX_BODY_BYTES
-from tests.server.conftest import Server, bearer, job_of_message, make_token
+from tests.server.conftest import Server, bearer, job_of_message, make_token, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -124,12 +125,6 @@ def _threads(server: Server) -> int:
     return len(os.listdir(f"/proc/{server.proc.pid}/task"))
 
 
-@pytest.mark.xfail(
-    strict=False,  # the count of the server's threads also moves with other tests' work
-    reason="known: a follower's thread stops only at the job's next event or its end "
-    "(orchestrator/server/follow.py), so followers that came and went keep a thread "
-    "each while a job waits for an approval",
-)
 def test_followers_that_left_keep_no_thread(server: Server, acme: str) -> None:
     with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as http:
         job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "wait"}).json()
@@ -141,7 +136,10 @@ def test_followers_that_left_keep_no_thread(server: Server, acme: str) -> None:
                     for line in answer.iter_lines():
                         if line == "event: tool.approval_requested":
                             break
-            time.sleep(3)
+            # each follower's thread ends at its follow's next quiet period
+            deadline = time.monotonic() + 30
+            while _threads(server) >= before + 5 and time.monotonic() < deadline:
+                time.sleep(0.5)
             assert _threads(server) < before + 5
         finally:
             http.post(f"/v1/jobs/{job['job_id']}/cancel")
@@ -164,3 +162,44 @@ def test_a_body_over_the_cap_is_413_however_it_is_sent(server: Server, acme: str
         # and the server goes on: a body under the cap is a job
         made = http.post("/v1/jobs", json={"agent": "quick", "input": "x" * 1000})
         assert made.status_code == 201, made.text
+
+
+def _until_waiting(answer: httpx.Response) -> None:
+    for line in answer.iter_lines():
+        if line == "event: tool.approval_requested":
+            return
+    raise AssertionError("the stream ended before the call waited")
+
+
+def test_event_streams_past_the_cap_are_503_until_one_leaves(
+    settings: Settings, acme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a server that serves at most two event streams
+    monkeypatch.setenv("CHORUS_MAX_EVENT_STREAMS", "2")
+    capped = start_server(settings, tmp_path / "capped.log")
+    try:
+        with httpx.Client(base_url=capped.url, headers=bearer(acme), timeout=30) as http:
+            job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "wait"}).json()
+            url = f"/v1/jobs/{job['job_id']}/events"
+            try:
+                # When two follow a job that waits for a person
+                with http.stream("GET", url) as one, http.stream("GET", url) as two:
+                    _until_waiting(one)
+                    _until_waiting(two)
+                    # Then a third is refused at once, as JSON
+                    third = http.get(url)
+                    assert third.status_code == 503, third.text
+                    assert third.json()["type"] == "ServiceUnavailableError"
+                # And once they left (their threads end at a quiet period), one is served
+                deadline = time.monotonic() + 30
+                while True:
+                    with http.stream("GET", url) as again:
+                        if again.status_code == 200:
+                            break
+                    assert time.monotonic() < deadline, "the streams that left still count"
+                    time.sleep(0.5)
+            finally:
+                http.post(f"/v1/jobs/{job['job_id']}/cancel")
+    finally:
+        capped.proc.terminate()
+        capped.proc.wait(15)
