@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
@@ -326,7 +327,12 @@ class Job:
         return typed_output(self.status(), model)
 
     def events(
-        self, since: int | None = None, *, timeout: float | None = None, deltas: bool = True
+        self,
+        since: int | None = None,
+        *,
+        timeout: float | None = None,
+        deltas: bool = True,
+        settle_within: float | None = None,
     ) -> Iterator[Event]:
         """Yield the job's events in order, live, until its turn ends.
 
@@ -334,8 +340,20 @@ class Job:
         new ones; any gap is filled from Postgres. ``since`` resumes after
         that sequence number. ``assistant.delta`` events (live only) are
         included unless ``deltas`` is False.
+
+        Once the turn has ended, its last events are read when the
+        transactions older than them have ended. ``settle_within`` bounds
+        that wait (one held open elsewhere would hold it forever): past it
+        the events readable then are yielded and the iteration ends, perhaps
+        without the terminal one (None: as long as ``timeout`` allows).
         """
-        return _follow(self, _since(since), _timeout(timeout), args.flag(deltas, "deltas"))
+        return _follow(
+            self,
+            _since(since),
+            _timeout(timeout),
+            args.flag(deltas, "deltas"),
+            _timeout(settle_within, "settle_within"),
+        )
 
 
 def _ids(job: Job) -> JobIds:
@@ -352,18 +370,23 @@ def _rest(
     """Every stored event after ``after`` that committed before this call:
     waits (within the waiter's timeout) until the transactions older than
     them have all ended."""
-    with job._client.runtime.session() as session:
-        settle(session, waiter.remaining)
+    with job._client.runtime.session() as session, contextlib.suppress(_Unsettled):
+        settle(session, waiter.settling())
     return _stored(job, correlation_id, after, held)
+
+
+class _Unsettled(Exception):
+    """The bound on the wait for older transactions has passed."""
 
 
 class _Waiter:
     """The shared stream reader's wake-ups for one job, with its deadline."""
 
-    def __init__(self, job: Job, timeout: float | None) -> None:
+    def __init__(self, job: Job, timeout: float | None, settle_within: float | None = None) -> None:
         self.job = job
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.settle_within = settle_within
         self.poll = QUIET_POLL
         self.catch_up = CATCH_UP
 
@@ -375,6 +398,21 @@ class _Waiter:
         if left <= 0:
             raise TimeoutError(f"job {self.job.id} did not finish within {self.timeout}s")
         return min(poll, left)
+
+    def settling(self) -> Callable[[float], float]:
+        """The pauses of a wait for older transactions starting now: within
+        the timeout, and ``settle_within`` (then :class:`_Unsettled`)."""
+        if self.settle_within is None:
+            return self.remaining
+        until = time.monotonic() + self.settle_within
+
+        def pause(wanted: float) -> float:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise _Unsettled
+            return min(self.remaining(wanted), left)
+
+        return pause
 
     def wait(self, subscription: Subscription, behind: bool = False) -> list[Event] | None:
         """Live events of the job's tree, or None after a quiet period (the
@@ -421,7 +459,9 @@ def _wait_end(job: Job, timeout: float | None) -> JobStatus | Event:
                         return job.status() if is_cut(fields) else event
 
 
-def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterator[Event]:
+def _follow(
+    job: Job, last: int, timeout: float | None, deltas: bool, settle_within: float | None = None
+) -> Iterator[Event]:
     """Postgres is read for every stored event, so order and completeness
     never depend on Redis; the stream wakes the follower and carries deltas.
 
@@ -429,7 +469,7 @@ def _follow(job: Job, last: int, timeout: float | None, deltas: bool) -> Iterato
     before ``since`` (a follower resuming a finished turn), as soon as
     Postgres shows the turn finished.
     """
-    waiter = _Waiter(job, timeout)
+    waiter = _Waiter(job, timeout, settle_within)
     with job._client.streams.subscribe(_stream(job)) as subscription:
         correlation_id, held = ops.follow_start(job._client.runtime, job.id, deltas)
         follow = Follow(_ids(job), correlation_id, last, held, deltas)

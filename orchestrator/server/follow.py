@@ -25,7 +25,7 @@ from orchestrator.client import Client, Job
 from orchestrator.events import row_to_event, visible_below
 from orchestrator.job_reads import settle
 from orchestrator.store.tables import Conversation, EventRow
-from schemas import Event
+from schemas import TERMINAL_TURN_EVENTS, Event
 
 #: At most this long a stream that reached an idle root waits for the
 #: transactions older than its last events to end (one held open elsewhere
@@ -89,8 +89,9 @@ async def _threaded(events: Callable[[], Iterator[Event]]) -> AsyncIterator[Even
 
 
 def job_events(job: Job, since: int, deltas: bool) -> AsyncIterator[Event]:
-    """The job's events after ``since``, live until its turn ends."""
-    return _threaded(lambda: job.events(since=since, deltas=deltas))
+    """The job's events after ``since``, live until its turn ends (its last
+    ones waited for at most :data:`SETTLE_SECONDS`)."""
+    return _threaded(lambda: job.events(since=since, deltas=deltas, settle_within=SETTLE_SECONDS))
 
 
 def tree_events(client: Client, root_id: str, since: int, deltas: bool) -> AsyncIterator[Event]:
@@ -102,6 +103,7 @@ def tree_events(client: Client, root_id: str, since: int, deltas: bool) -> Async
 
 def _tree(client: Client, root_id: str, since: int, deltas: bool) -> Iterator[Event]:
     last = since
+    unsettled = False  # a turn followed ended without its last events: the wait is spent
     while True:
         for event in _stored(client, root_id, last):
             last = event.seq or last
@@ -109,7 +111,7 @@ def _tree(client: Client, root_id: str, since: int, deltas: bool) -> Iterator[Ev
         with client.runtime.session() as session:
             root = session.get(Conversation, root_id)
             running = root.turn_id if root is not None and root.state == "running" else None
-            if running is None:
+            if running is None and not unsettled:
                 # idle: what committed before now may still sort above the
                 # visible bound (an older transaction runs); wait for it
                 with contextlib.suppress(TimeoutError):
@@ -117,8 +119,11 @@ def _tree(client: Client, root_id: str, since: int, deltas: bool) -> Iterator[Ev
         if running is None:
             yield from _stored(client, root_id, last)
             return
-        for event in client.job(running).events(since=last, deltas=deltas):
+        unsettled = True
+        job = client.job(running)
+        for event in job.events(since=last, deltas=deltas, settle_within=SETTLE_SECONDS):
             last = event.seq or last
+            unsettled = not (event.turn_id == running and event.name in TERMINAL_TURN_EVENTS)
             yield event
 
 

@@ -1,0 +1,80 @@
+"""Attacks on the session-28 changes, each kept once it worked (or a bound
+that must hold): a transaction held open elsewhere and the event streams."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from orchestrator import Client, Job
+from orchestrator.server import follow
+from schemas import Event, EventName
+
+pytestmark = pytest.mark.integration
+
+#: The streams' bound on waiting for older transactions, in these tests.
+SETTLE = 1.5
+
+
+def _waiting_call(client: Client, job: Job) -> str:
+    deadline = time.monotonic() + 30
+    while not (found := client.pending_approvals(conversation_id=job.conversation_id)):
+        assert time.monotonic() < deadline, "no call started waiting"
+        time.sleep(0.05)
+    return found[0].call_id
+
+
+def _drain(events: Iterator[Event]) -> queue.Queue[list[Event] | BaseException]:
+    """Every event ``events`` yields, read in a thread, put once it ends."""
+    out: queue.Queue[list[Event] | BaseException] = queue.Queue()
+
+    def run() -> None:
+        try:
+            out.put(list(events))
+        except BaseException as exc:
+            out.put(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return out
+
+
+@pytest.mark.parametrize("stream", ["tree", "job"])
+def test_a_stream_ends_though_a_transaction_is_held_open_elsewhere(
+    client: Client, workers: Any, monkeypatch: pytest.MonkeyPatch, stream: str
+) -> None:
+    """A turn ends while another session holds a write transaction open (a
+    stopped process, a forgotten psql): its last events sort above what a
+    read may return, so the server's stream waited for them forever, its
+    follower thread and connection held. It ends within the bound now; a
+    follower resuming after the last id it got reads the rest later."""
+    monkeypatch.setattr(follow, "SETTLE_SECONDS", SETTLE)
+    job = client.submit("travel-desk", "book it")
+    call_id = _waiting_call(client, job)
+    url = client.runtime.settings.database_url.replace("postgresql+psycopg", "postgresql")
+    opened: dict[str, Callable[[], Iterator[Event]]] = {
+        "tree": lambda: follow._tree(client, job.root_id, 0, False),
+        "job": lambda: job.events(since=0, deltas=False, settle_within=follow.SETTLE_SECONDS),
+    }
+    with psycopg.connect(url) as held:
+        held.execute("SELECT pg_current_xact_id()")  # a transaction id, kept open
+        drained = _drain(opened[stream]())  # following the running turn
+        time.sleep(0.5)
+        client.approve(call_id, by="tester")
+        try:
+            seen = drained.get(timeout=SETTLE * 2 + 15)
+        except queue.Empty:
+            pytest.fail("the stream did not end while a transaction was held open")
+        assert not isinstance(seen, BaseException), seen
+        assert job.status().status.finished
+        held.rollback()
+    # once the transaction ends, a follower resuming after its last id gets the rest
+    last = max(e.seq or 0 for e in seen)
+    rest = list(job.events(since=last, deltas=False, timeout=30))
+    assert [e.name for e in rest][-1] == EventName.TURN_COMPLETED
+
