@@ -12,14 +12,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from orchestrator import Client, Job
+from orchestrator import Client, Job, Settings
 from orchestrator.server import follow
 from schemas import Event, EventName
+from tests.conftest import worker_env
+from tests.test_cli import run
 
 pytestmark = pytest.mark.integration
 
 #: The streams' bound on waiting for older transactions, in these tests.
 SETTLE = 1.5
+#: A Redis URL nothing listens on.
+NO_REDIS = "redis://127.0.0.1:1/0"
 
 
 def _waiting_call(client: Client, job: Job) -> str:
@@ -78,3 +82,21 @@ def test_a_stream_ends_though_a_transaction_is_held_open_elsewhere(
     rest = list(job.events(since=last, deltas=False, timeout=30))
     assert [e.name for e in rest][-1] == EventName.TURN_COMPLETED
 
+
+def test_chorus_approve_while_redis_is_down_is_one_line_saying_the_answer_stands(
+    client: Client, settings: Settings, workers: Any
+) -> None:
+    """The answer is stored before its call is sent: with the broker down
+    the command printed kombu's whole traceback, and nothing said the
+    approval was kept (giving it again is a 409)."""
+    job = client.submit("travel-desk", "book it")
+    call_id = _waiting_call(client, job)
+    try:
+        out = run(["approve", call_id], worker_env(settings, CHORUS_REDIS_URL=NO_REDIS))
+        assert (out.returncode, out.stdout) == (1, ""), out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert out.stderr.startswith(f"chorus: approved {call_id} (stored), but Redis does not")
+        assert "Traceback" not in out.stderr
+        assert client.pending_approvals(conversation_id=job.conversation_id) == []
+    finally:
+        client.cancel(job.id)
