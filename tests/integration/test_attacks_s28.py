@@ -3,6 +3,7 @@ that must hold): a transaction held open elsewhere and the event streams."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from orchestrator import Client, Job, Settings
+from orchestrator import AsyncClient, Client, ClientClosedError, Job, Settings
 from orchestrator.server import follow
 from schemas import Event, EventName
 from tests.conftest import worker_env
@@ -100,3 +101,27 @@ def test_chorus_approve_while_redis_is_down_is_one_line_saying_the_answer_stands
         assert client.pending_approvals(conversation_id=job.conversation_id) == []
     finally:
         client.cancel(job.id)
+
+
+def test_closing_an_async_client_ends_a_result_awaited_on_it(
+    settings: Settings, client: Client, workers: Any
+) -> None:
+    """close() returned at once, but a result() awaited on the client went
+    on polling Postgres through the disposed engine (which opened a new
+    pool) every 10 s for as long as the job ran: here, for good."""
+
+    async def main() -> None:
+        closing = AsyncClient(settings)
+        job = await closing.submit("travel-desk", "book it")
+        try:
+            waiting = asyncio.create_task(job.result())
+            await asyncio.sleep(1.0)  # the waiter waits for the turn's end
+            await asyncio.wait_for(closing.close(), 10)
+            with pytest.raises(ClientClosedError):
+                await asyncio.wait_for(waiting, 5)
+            with pytest.raises(ClientClosedError):
+                await job.result(timeout=5)
+        finally:
+            client.cancel(job.id)
+
+    asyncio.run(main())
