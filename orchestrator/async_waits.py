@@ -22,6 +22,7 @@ import redis
 import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from orchestrator.errors import ClientClosedError
 from orchestrator.streams import BLOCK_MS, ERROR_PAUSE, GATHER, Entry, Followed, deliver, wanted
 from orchestrator.turn_ends import CHUNK, ENDED_ANY, EVERY
 
@@ -53,6 +54,7 @@ class AsyncSubscription:
         self._names = names
         self._entries: list[Entry] = []
         self._woken = False
+        self._closed = False
         self._ready = asyncio.Event()
 
     def push(self, entries: list[Entry]) -> None:
@@ -67,12 +69,21 @@ class AsyncSubscription:
         self._woken = True
         self._ready.set()
 
+    def close(self) -> None:
+        """Its reader closed: the current (or next) :meth:`wait` raises."""
+        self._closed = True
+        self._ready.set()
+
     async def wait(self, timeout: float) -> list[Entry]:
         """The entries that arrived since the last call, waiting up to
-        ``timeout`` seconds for one (or a :meth:`wake`); empty when none came."""
-        if not self._entries and not self._woken:
+        ``timeout`` seconds for one (or a :meth:`wake`); empty when none came.
+        Raises :class:`~orchestrator.errors.ClientClosedError` once its
+        client is closed (a waiter would otherwise poll on for good)."""
+        if not self._entries and not self._woken and not self._closed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ready.wait(), max(0.0, timeout))
+        if self._closed:
+            raise ClientClosedError("the AsyncClient was closed while this waited")
         entries, self._entries, self._woken = self._entries, [], False
         self._ready.clear()
         return entries
@@ -111,6 +122,8 @@ class AsyncStreamReader:
         self, stream: str, names: frozenset[str] | None = None
     ) -> AsyncIterator[AsyncSubscription]:
         """Follow ``stream`` from its current end while the block runs."""
+        if self._closed:
+            raise ClientClosedError("the AsyncClient is closed")
         subscription = AsyncSubscription(names)
         followed = self._streams.get(stream)
         if followed is None:  # one already followed keeps its (earlier) cursor: no read
@@ -130,8 +143,11 @@ class AsyncStreamReader:
                 del self._streams[stream]
 
     async def close(self) -> None:
-        """Stop the reading task and close the connections."""
+        """Stop the reading task, end its waiters, close the connections."""
         self._closed = True
+        for followed in self._streams.values():
+            for subscription in followed.subscriptions:
+                subscription.close()
         await _stop(self._task, self._changed)
         for client in (self._reader, self._commands):
             with contextlib.suppress(TimeoutError):  # never hang a close

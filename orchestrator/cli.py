@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import re
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import click
@@ -79,8 +81,25 @@ def _reader() -> Client:
     """A client for commands that read or answer stored work (status,
     events, cancel, approvals): it imports none of CHORUS_MODULES, whose
     agents and tools (and litellm, which they load) it never uses, so these
-    commands start in about a second."""
+    commands start in about a second. What the library logs below an
+    error (a live publish that failed, say) is not printed: the command's
+    own last line says how it went, and an error is one line, without its
+    traceback."""
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(_OneLine())
+        handler.setLevel(logging.ERROR)
+        root.addHandler(handler)
     return _client(_settings(modules=[]))
+
+
+class _OneLine(logging.Formatter):
+    """``chorus: <message>``, the first line of it, no traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = record.getMessage().splitlines()
+        return f"chorus: {lines[0] if lines else ''}"
 
 
 #: Threads of a worker that takes `tools`: a parallel batch of tools that
@@ -471,7 +490,8 @@ def approve(
     by: Annotated[str | None, typer.Option("--by", help="Who answers (default: $USER).")] = None,
 ) -> None:
     """Approve a tool call waiting for an answer: it runs and its turn goes on."""
-    _reader().approve(call_id, note=note, by=by)
+    with _answering("approved", call_id):
+        _reader().approve(call_id, note=note, by=by)
     console.print(f"approved {call_id}")
 
 
@@ -482,8 +502,27 @@ def deny(
     by: Annotated[str | None, typer.Option("--by", help="Who answers (default: $USER).")] = None,
 ) -> None:
     """Deny a tool call waiting for an answer: the model gets an error with the reason."""
-    _reader().deny(call_id, reason=reason, by=by)
+    with _answering("denied", call_id):
+        _reader().deny(call_id, reason=reason, by=by)
     console.print(f"denied {call_id}")
+
+
+@contextlib.contextmanager
+def _answering(decision: str, call_id: str) -> Iterator[None]:
+    """An answer is stored in Postgres before anything goes to Redis: if
+    Redis then does not answer, the one line says the answer stands (the
+    sweeper sends what it moves on), so it is not given again."""
+    try:
+        yield
+    except Exception as exc:
+        down = _unreachable(exc)
+        if down is None or not down.startswith("Redis"):
+            raise
+        errors.print(
+            f"chorus: {decision} {call_id} (stored), but {down}; "
+            "the sweeper sends it on once Redis answers"
+        )
+        sys.exit(UNREACHABLE)
 
 
 @app.command()
@@ -635,6 +674,9 @@ def _unreachable(exc: BaseException) -> str | None:
     (checked only against modules already loaded: `--help` loads neither)."""
     redis_errors = sys.modules.get("redis.exceptions")
     if redis_errors is not None and isinstance(exc, redis_errors.ConnectionError):
+        return f"Redis does not answer: {exc}"
+    kombu_errors = sys.modules.get("kombu.exceptions")  # a task sent to the broker
+    if kombu_errors is not None and isinstance(exc, kombu_errors.OperationalError):
         return f"Redis does not answer: {exc}"
     sql_errors = sys.modules.get("sqlalchemy.exc")
     if sql_errors is not None and isinstance(exc, sql_errors.DBAPIError) and _unmigrated(exc):

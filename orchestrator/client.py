@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
@@ -327,7 +328,12 @@ class Job:
         return typed_output(self.status(), model)
 
     def events(
-        self, since: int | None = None, *, timeout: float | None = None, deltas: bool = True
+        self,
+        since: int | None = None,
+        *,
+        timeout: float | None = None,
+        deltas: bool = True,
+        settle_within: float | None = None,
     ) -> Iterator[Event]:
         """Yield the job's events in order, live, until its turn ends.
 
@@ -335,8 +341,20 @@ class Job:
         new ones; any gap is filled from Postgres. ``since`` resumes after
         that sequence number. ``assistant.delta`` events (live only) are
         included unless ``deltas`` is False.
+
+        Once the turn has ended, its last events are read when the
+        transactions older than them have ended. ``settle_within`` bounds
+        that wait (one held open elsewhere would hold it forever): past it
+        the events readable then are yielded and the iteration ends, perhaps
+        without the terminal one (None: as long as ``timeout`` allows).
         """
-        return _follow(self, _since(since), _timeout(timeout), args.flag(deltas, "deltas"))
+        return _follow(
+            self,
+            _since(since),
+            _timeout(timeout),
+            args.flag(deltas, "deltas"),
+            _timeout(settle_within, "settle_within"),
+        )
 
 
 def _ids(job: Job) -> JobIds:
@@ -353,18 +371,23 @@ def _rest(
     """Every stored event after ``after`` that committed before this call:
     waits (within the waiter's timeout) until the transactions older than
     them have all ended."""
-    with job._client.runtime.session() as session:
-        settle(session, waiter.remaining)
+    with job._client.runtime.session() as session, contextlib.suppress(_Unsettled):
+        settle(session, waiter.settling())
     return _stored(job, correlation_id, after, held)
+
+
+class _Unsettled(Exception):
+    """The bound on the wait for older transactions has passed."""
 
 
 class _Waiter:
     """The shared stream reader's wake-ups for one job, with its deadline."""
 
-    def __init__(self, job: Job, timeout: float | None) -> None:
+    def __init__(self, job: Job, timeout: float | None, settle_within: float | None = None) -> None:
         self.job = job
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.settle_within = settle_within
         self.poll = QUIET_POLL
         self.catch_up = CATCH_UP
 
@@ -376,6 +399,21 @@ class _Waiter:
         if left <= 0:
             raise TimeoutError(f"job {self.job.id} did not finish within {self.timeout}s")
         return min(poll, left)
+
+    def settling(self) -> Callable[[float], float]:
+        """The pauses of a wait for older transactions starting now: within
+        the timeout, and ``settle_within`` (then :class:`_Unsettled`)."""
+        if self.settle_within is None:
+            return self.remaining
+        until = time.monotonic() + self.settle_within
+
+        def pause(wanted: float) -> float:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise _Unsettled
+            return min(self.remaining(wanted), left)
+
+        return pause
 
     def wait(self, subscription: Subscription, behind: bool = False) -> list[Event] | None:
         """Live events of the job's tree, or None after a quiet period (the
@@ -422,12 +460,15 @@ def _wait_end(job: Job, timeout: float | None) -> JobStatus | Event:
                         return job.status() if is_cut(fields) else event
 
 
-def follow_until(job: Job, since: int, deltas: bool, stop: threading.Event) -> Iterator[Event]:
-    """``job.events(since, deltas=deltas)`` that also ends at its next quiet
-    period (at most ``QUIET_POLL_MAX`` seconds) once ``stop`` is set: the
-    HTTP server follows a job in a thread this way, so a follower whose
-    client left ends even while the job is quiet (waiting for a person)."""
-    return _follow(job, _since(since), None, args.flag(deltas, "deltas"), stop)
+def follow_until(
+    job: Job, since: int, deltas: bool, stop: threading.Event, settle_within: float
+) -> Iterator[Event]:
+    """``job.events(since, deltas=deltas, settle_within=settle_within)`` that
+    also ends at its next quiet period (at most ``QUIET_POLL_MAX`` seconds)
+    once ``stop`` is set: the HTTP server follows a job in a thread this
+    way, so a follower whose client left ends even while the job is quiet
+    (waiting for a person)."""
+    return _follow(job, _since(since), None, args.flag(deltas, "deltas"), settle_within, stop)
 
 
 def _follow(
@@ -435,6 +476,7 @@ def _follow(
     last: int,
     timeout: float | None,
     deltas: bool,
+    settle_within: float | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[Event]:
     """Postgres is read for every stored event, so order and completeness
@@ -445,7 +487,7 @@ def _follow(
     Postgres shows the turn finished; or after a quiet period once ``stop``
     is set.
     """
-    waiter = _Waiter(job, timeout)
+    waiter = _Waiter(job, timeout, settle_within)
     with job._client.streams.subscribe(_stream(job)) as subscription:
         correlation_id, held = ops.follow_start(job._client.runtime, job.id, deltas)
         follow = Follow(_ids(job), correlation_id, last, held, deltas)

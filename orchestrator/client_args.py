@@ -44,12 +44,12 @@ def conversation(conversation_id: object) -> str:
     return valid_id(conversation_id, "conversation_id")
 
 
-def timeout(value: object) -> float | None:
+def timeout(value: object, name: str = "timeout") -> float | None:
     """None (no bound), or seconds: a number, not negative, not NaN."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise refuse("timeout", "None or a number of seconds >= 0", value)
+        raise refuse(name, "None or a number of seconds >= 0", value)
     return math.inf if value > 1e300 else float(value)  # an int past float's range
 
 

@@ -205,6 +205,11 @@ class ConfigurationError(UserError):
     """Settings are missing or contradictory."""
 
 
+class ClientClosedError(UserError):
+    """The client was closed: what waited on it (a result, events) ends, and
+    it is not used again."""
+
+
 class AgentRunError(ChorusError):
     """Something failed while running an agent."""
 

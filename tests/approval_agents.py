@@ -92,3 +92,13 @@ Agent(
     approve=[issue_refund],
     approval_timeout=2.0,
 )
+
+#: What a hostile model puts in a gated call's arguments (the dashboard lists them).
+HOSTILE_FLIGHT = (
+    "</pre><script>window.__xss=1</script>"
+    '<img src=x onerror="window.__xss=2"> O\'Brien Zürich & <b>'
+)
+register_script(
+    "hostile-desk", [Reply.call(call("book_flight", flight=HOSTILE_FLIGHT)), echo_results] * 20
+)
+Agent("hostile-desk", scripted_model("hostile-desk"), tools=[book_flight])

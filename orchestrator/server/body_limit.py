@@ -6,10 +6,14 @@ default, up to 6 bytes each once escaped in JSON) and its context data
 with 413: by its ``Content-Length`` at once, or, sent in chunks without
 one, as soon as the chunks read pass the cap. uvicorn pauses reading the
 socket while the application has not taken a chunk, so the server never
-holds more than the cap and a chunk of a body.
+holds more than the cap and a chunk of a body. A body must also arrive
+whole within :data:`BODY_SECONDS` of the request's start (408 past it): one
+sent a byte at a time, or never ended, held its connection for good.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
@@ -17,14 +21,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Largest request body accepted, in bytes.
 MAX_BODY_BYTES = 2 * 1024 * 1024
+#: Seconds a request's body has to arrive whole in (2 MiB at 300 kbit/s).
+BODY_SECONDS = 60.0
 
 
 class BodyLimit:
-    """ASGI middleware refusing request bodies over ``limit`` bytes (413)."""
+    """ASGI middleware refusing request bodies over ``limit`` bytes (413)
+    or not whole within ``within`` seconds (408)."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int = MAX_BODY_BYTES, within: float = BODY_SECONDS
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.within = within
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,15 +44,25 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await _refused(self.limit)(scope, receive, send)
             return
-        seen = 0
+        seen, whole = 0, False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.within
 
         async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:  # FastAPI passes an HTTPException on as it is
-                    raise HTTPException(413, _message(self.limit))
+            nonlocal seen, whole
+            if whole:  # the body is read: a wait for the client's disconnect
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:  # FastAPI passes an HTTPException on as it is
+                raise HTTPException(408, _late(self.within)) from None
+            if message["type"] != "http.request":
+                whole = True
+                return message
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise HTTPException(413, _message(self.limit))
+            whole = not message.get("more_body", False)
             return message
 
         await self.app(scope, counted, send)
@@ -50,6 +70,10 @@ class BodyLimit:
 
 def _message(limit: int) -> str:
     return f"the request body is larger than {limit} bytes"
+
+
+def _late(within: float) -> str:
+    return f"the request body did not arrive whole within {within:g} s"
 
 
 def _refused(limit: int) -> JSONResponse:

@@ -26,7 +26,7 @@ from orchestrator.errors import ServiceUnavailableError
 from orchestrator.events import row_to_event, visible_below
 from orchestrator.job_reads import settle
 from orchestrator.store.tables import Conversation, EventRow
-from schemas import Event
+from schemas import TERMINAL_TURN_EVENTS, Event
 
 #: At most this long a stream that reached an idle root waits for the
 #: transactions older than its last events to end (one held open elsewhere
@@ -118,9 +118,10 @@ async def _threaded(events: Callable[[threading.Event], Iterator[Event]]) -> Asy
 
 
 def job_events(job: Job, since: int, deltas: bool) -> AsyncIterator[Event]:
-    """The job's events after ``since``, live until its turn ends."""
+    """The job's events after ``since``, live until its turn ends (its last
+    ones waited for at most :data:`SETTLE_SECONDS`)."""
     OPEN.admit(job._client.settings.max_event_streams)
-    return _threaded(lambda stop: follow_until(job, since, deltas, stop))
+    return _threaded(lambda stop: follow_until(job, since, deltas, stop, SETTLE_SECONDS))
 
 
 def tree_events(client: Client, root_id: str, since: int, deltas: bool) -> AsyncIterator[Event]:
@@ -135,6 +136,7 @@ def _tree(
     client: Client, root_id: str, since: int, deltas: bool, stop: threading.Event
 ) -> Iterator[Event]:
     last = since
+    unsettled = False  # a turn followed ended without its last events: the wait is spent
     while not stop.is_set():
         for event in _stored(client, root_id, last):
             last = event.seq or last
@@ -142,7 +144,7 @@ def _tree(
         with client.runtime.session() as session:
             root = session.get(Conversation, root_id)
             running = root.turn_id if root is not None and root.state == "running" else None
-            if running is None:
+            if running is None and not unsettled:
                 # idle: what committed before now may still sort above the
                 # visible bound (an older transaction runs); wait for it
                 with contextlib.suppress(TimeoutError):
@@ -150,8 +152,10 @@ def _tree(
         if running is None:
             yield from _stored(client, root_id, last)
             return
-        for event in follow_until(client.job(running), last, deltas, stop):
+        unsettled = True
+        for event in follow_until(client.job(running), last, deltas, stop, SETTLE_SECONDS):
             last = event.seq or last
+            unsettled = not (event.turn_id == running and event.name in TERMINAL_TURN_EVENTS)
             yield event
 
 

@@ -3,6 +3,7 @@ restart, cancel, what a read-only token and another tenant see, a big run."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from playwright.sync_api import expect
 
 from orchestrator import Client, Settings
+from tests.approval_agents import HOSTILE_FLIGHT
 from tests.conftest import ROOT
 from tests.dashboard.bigrun import EVENTS, store_big_run
 from tests.dashboard.conftest import LoggedIn
@@ -217,6 +219,23 @@ def test_a_call_waiting_for_a_person_is_answered_from_the_page(
     assert "denied: not on a Friday" in answer
     names = [e["name"] for e in api.get(f"/v1/runs/{denied}/events").json()["events"]]
     assert names.count("tool.denied") == 1 and "tool.approved" not in names
+
+
+def test_a_hostile_call_is_shown_as_its_text_and_runs_nothing(
+    api: httpx.Client, logged_in: LoggedIn, tokens: dict[str, str]
+) -> None:
+    """A model's arguments with markup, a quote and non-ASCII letters: the
+    person who answers reads them as they are, and the page runs none of it."""
+    job_id = _submit(api, "hostile-desk", "book it")
+    page = logged_in(tokens["acme"])
+    page.goto(f"/dashboard/jobs/{job_id}")
+    shown = page.locator("li.approval pre")
+    expect(shown).to_contain_text("flight", timeout=30000)
+    assert json.loads(shown.inner_text()) == {"flight": HOSTILE_FLIGHT}
+    assert "\\u00fc" not in shown.inner_text() and "O'Brien Zürich" in shown.inner_text()
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("li.approval script, li.approval img").count() == 0
+    api.post(f"/v1/jobs/{job_id}/cancel")
 
 
 def test_another_tenants_job_is_not_reachable(

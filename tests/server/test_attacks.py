@@ -3,6 +3,8 @@ attack that once worked (or a bound that must hold), kept so it stays shut."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -10,9 +12,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request
+from starlette.types import Message
 
 from orchestrator import Client, Settings
-from orchestrator.server.body_limit import MAX_BODY_BYTES
+from orchestrator.server import errors
+from orchestrator.server.body_limit import MAX_BODY_BYTES, BodyLimit
 from tests.server.conftest import Server, bearer, job_of_message, make_token, start_server
 
 pytestmark = pytest.mark.integration
@@ -203,3 +208,45 @@ def test_event_streams_past_the_cap_are_503_until_one_leaves(
     finally:
         capped.proc.terminate()
         capped.proc.wait(15)
+
+
+def test_a_body_that_never_ends_is_408_within_the_bound() -> None:
+    """A chunked body sent a chunk at a time and never ended (slowloris)
+    held its connection and request for good: uvicorn has no read timeout."""
+    app = FastAPI()
+    errors.install(app)
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    app.add_middleware(BodyLimit, within=0.3)
+    sent: list[Message] = []
+
+    async def one_chunk_then_nothing() -> Message:
+        if not sent:
+            sent.append({"type": "http.request", "body": b'{"a', "more_body": True})
+            return sent[-1]
+        await asyncio.Event().wait()  # the rest never comes
+        raise AssertionError
+
+    async def answered() -> list[Message]:
+        out: list[Message] = []
+
+        async def send(message: Message) -> None:
+            out.append(message)
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "POST", "path": "/echo", "raw_path": b"/echo", "query_string": b"",
+            "headers": [(b"transfer-encoding", b"chunked")], "scheme": "http",
+            "server": ("t", 80), "client": ("c", 1), "root_path": "",
+        }  # fmt: skip
+        await asyncio.wait_for(app(scope, one_chunk_then_nothing, send), 5)
+        return out
+
+    started = time.monotonic()
+    out = asyncio.run(answered())
+    assert out[0]["status"] == 408
+    assert json.loads(out[1]["body"])["message"].startswith("the request body did not arrive")
+    assert time.monotonic() - started < 3

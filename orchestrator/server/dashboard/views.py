@@ -3,6 +3,7 @@ nested, the budget against its limits, and readable figures."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -78,5 +79,12 @@ def tokens(usage: dict[str, Any]) -> str:
     return f"{usage['input_tokens']:,} in / {usage['output_tokens']:,} out"
 
 
+def arguments(value: Any) -> str:
+    """A call's arguments as indented JSON, characters as they are (the
+    template's autoescape makes it safe HTML): what a person approves reads
+    ``O'Brien`` and ``Zürich``, not ``O\\u0027Brien`` and ``Z\\u00fcrich``."""
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
 def install(env: jinja2.Environment) -> None:
-    env.filters.update(seconds=seconds, usd=usd, when=when, tokens=tokens)
+    env.filters.update(seconds=seconds, usd=usd, when=when, tokens=tokens, arguments=arguments)
