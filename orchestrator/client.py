@@ -30,11 +30,13 @@ from orchestrator.job_reads import (
     HeldDeltas,
     JobIds,
     M,
+    Unsettled,
     answer,
     end_entry,
     job_status,
     settle,
     typed_output,
+    within,
 )
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
@@ -371,13 +373,9 @@ def _rest(
     """Every stored event after ``after`` that committed before this call:
     waits (within the waiter's timeout) until the transactions older than
     them have all ended."""
-    with job._client.runtime.session() as session, contextlib.suppress(_Unsettled):
+    with job._client.runtime.session() as session, contextlib.suppress(Unsettled):
         settle(session, waiter.settling())
     return _stored(job, correlation_id, after, held)
-
-
-class _Unsettled(Exception):
-    """The bound on the wait for older transactions has passed."""
 
 
 class _Waiter:
@@ -402,18 +400,10 @@ class _Waiter:
 
     def settling(self) -> Callable[[float], float]:
         """The pauses of a wait for older transactions starting now: within
-        the timeout, and ``settle_within`` (then :class:`_Unsettled`)."""
+        the timeout, and ``settle_within`` (then :class:`Unsettled`)."""
         if self.settle_within is None:
             return self.remaining
-        until = time.monotonic() + self.settle_within
-
-        def pause(wanted: float) -> float:
-            left = until - time.monotonic()
-            if left <= 0:
-                raise _Unsettled
-            return min(self.remaining(wanted), left)
-
-        return pause
+        return within(self.settle_within, self.remaining)
 
     def wait(self, subscription: Subscription, behind: bool = False) -> list[Event] | None:
         """Live events of the job's tree, or None after a quiet period (the

@@ -42,6 +42,27 @@ QUIET_POLL_MAX = 10.0
 CATCH_UP = 0.01
 
 
+class Unsettled(Exception):
+    """A bounded wait for older transactions (:func:`within`) ran out."""
+
+
+def within(
+    seconds: float, pause: Callable[[float], float] = lambda wanted: wanted
+) -> Callable[[float], float]:
+    """A ``pause`` for :func:`settle` that raises :class:`Unsettled` once
+    ``seconds`` from now have passed; each pause is also put through
+    ``pause`` (a caller's own deadline)."""
+    until = time.monotonic() + seconds
+
+    def bounded(wanted: float) -> float:
+        left = until - time.monotonic()
+        if left <= 0:
+            raise Unsettled
+        return min(pause(wanted), left)
+
+    return bounded
+
+
 def settle(session: Session, pause: Callable[[float], float]) -> None:
     """Return once a read of stored events in ``session`` sees every
     transaction committed before this call. ``pause`` turns the wanted pause

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from sqlmodel import col, select
@@ -24,7 +23,7 @@ from sqlmodel import col, select
 from orchestrator.client import Client, Job, follow_until
 from orchestrator.errors import ServiceUnavailableError
 from orchestrator.events import row_to_event, visible_below
-from orchestrator.job_reads import settle
+from orchestrator.job_reads import Unsettled, settle, within
 from orchestrator.store.tables import Conversation, EventRow
 from schemas import TERMINAL_TURN_EVENTS, Event
 
@@ -32,19 +31,6 @@ from schemas import TERMINAL_TURN_EVENTS, Event
 #: transactions older than its last events to end (one held open elsewhere
 #: on the server must not hold the stream's thread).
 SETTLE_SECONDS = 30.0
-
-
-def _within(seconds: float) -> Callable[[float], float]:
-    """A ``pause`` for :func:`settle` that gives up after ``seconds``."""
-    deadline = time.monotonic() + seconds
-
-    def pause(wanted: float) -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        return min(wanted, left)
-
-    return pause
 
 
 class _End:
@@ -147,8 +133,8 @@ def _tree(
             if running is None and not unsettled:
                 # idle: what committed before now may still sort above the
                 # visible bound (an older transaction runs); wait for it
-                with contextlib.suppress(TimeoutError):
-                    settle(session, _within(SETTLE_SECONDS))
+                with contextlib.suppress(Unsettled):
+                    settle(session, within(SETTLE_SECONDS))
         if running is None:
             yield from _stored(client, root_id, last)
             return
