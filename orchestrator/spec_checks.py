@@ -27,13 +27,6 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-import jsonschema
-import jsonschema_specifications
-import referencing.exceptions
-from jsonschema.exceptions import SchemaError
-from referencing.jsonschema import DRAFT202012
-
-from orchestrator import patterns
 from orchestrator.errors import InvalidRequestError, SecretInSettingsError, SettingNotAllowedError
 from orchestrator.store.values import check
 from schemas import AgentSpec, RateLimit
@@ -159,6 +152,14 @@ def check_output_schema(schema: dict[str, Any] | None) -> None:
 
 @lru_cache(maxsize=256)
 def _check_schema(text: str) -> None:
+    # jsonschema (and the patterns engine that patches it) load here, at the
+    # first output schema checked: a client or policy that never checks one
+    # does not pay their import.
+    import jsonschema
+    from jsonschema.exceptions import SchemaError
+
+    from orchestrator import patterns
+
     try:
         with patterns.limited():
             jsonschema.Draft202012Validator.check_schema(json.loads(text))
@@ -194,6 +195,10 @@ def _check_references(schema: Any) -> None:
     one that does not failed the step at the first answer, after its model
     call was paid. (An anchor, or a schema with a nested ``$id``, which
     moves the base of what is below it, is left to the step.)"""
+    import jsonschema_specifications
+    import referencing.exceptions
+    from referencing.jsonschema import DRAFT202012
+
     found = list(_references(schema, ""))
     if any(path.endswith("$id") for path, _ in found):
         return

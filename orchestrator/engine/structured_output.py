@@ -16,10 +16,7 @@ from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
-import jsonschema
-
 from orchestrator.errors import PatternTimeoutError
-from orchestrator.patterns import limited
 from schemas import AgentSpec, ToolCallBlock, ToolSpec
 from schemas.specs import FINAL_ANSWER
 
@@ -47,7 +44,11 @@ def _timed(check: Callable[..., Any]) -> Callable[..., Iterator[Any]]:
 
 @cache
 def _validator_class() -> Any:
-    """Draft 2020-12 whose every keyword first checks the validation's deadline."""
+    """Draft 2020-12 whose every keyword first checks the validation's deadline
+    (jsonschema is imported here, by the workers that validate answers: a
+    client that only reads ``FINAL_ANSWER`` does not load it)."""
+    import jsonschema
+
     base = jsonschema.Draft202012Validator
     return jsonschema.validators.extend(
         base, {name: _timed(check) for name, check in base.VALIDATORS.items()}
@@ -76,6 +77,8 @@ def problems(spec: AgentSpec, params: dict[str, Any]) -> list[str]:
     """What is wrong with ``params`` for the output schema (empty: valid).
     Its patterns are matched within :data:`~orchestrator.patterns.PATTERN_SECONDS`,
     the whole validation within :data:`VALIDATION_SECONDS` of CPU."""
+    from orchestrator.patterns import limited
+
     assert spec.output_schema is not None
     validator = _validator_class()(spec.output_schema)
     token = _deadline.set(time.thread_time() + VALIDATION_SECONDS)

@@ -21,6 +21,10 @@ MODEL_AND_MCP = ("litellm", "mcp")
 SERVICES = ("sqlalchemy", "sqlmodel", "celery", "kombu", "redis", "psycopg")
 #: The HTTP API's framework: only `chorus server` loads it.
 SERVER = ("fastapi", "starlette", "uvicorn")
+#: JSON-schema validation: loaded where a schema is checked or an answer
+#: validated (workers, a submit with an inline output schema), not to build
+#: a client.
+VALIDATION = ("jsonschema", "referencing", "regex")
 
 #: Prints, as its last line, the top-level packages loaded by the code before it.
 REPORT = "import json, sys; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
@@ -56,10 +60,13 @@ CASES = {
     "chorus --help": (CHORUS_HELP, MODEL_AND_MCP + SERVICES + SERVER),
     "import orchestrator": ("import orchestrator", MODEL_AND_MCP + SERVICES + SERVER),
     "import orchestrator.errors": ("import orchestrator.errors", MODEL_AND_MCP + SERVICES),
-    "from orchestrator import Client": ("from orchestrator import Client", MODEL_AND_MCP + SERVER),
+    "from orchestrator import Client": (
+        "from orchestrator import Client",
+        MODEL_AND_MCP + SERVER + VALIDATION,
+    ),
     "from orchestrator import AsyncClient": (
         "from orchestrator import AsyncClient",
-        MODEL_AND_MCP + SERVER,
+        MODEL_AND_MCP + SERVER + VALIDATION,
     ),
     "declaring tools and agents": (
         "from orchestrator import Agent, MCPServer, schema_tool, tool",
