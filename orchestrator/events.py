@@ -162,6 +162,17 @@ class TurnIds(Protocol):
     def correlation_id(self) -> str: ...
 
 
+class CallIds(Protocol):
+    """What an event about a tool call needs of it (a row, or the columns of one)."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def tool(self) -> str: ...
+    @property
+    def tool_request_id(self) -> str: ...
+
+
 class Pending(NamedTuple):
     """An event recorded and not stored yet: its columns but ``seq``, in
     the order of :data:`_COLUMNS` (a plain tuple: cheaper than a row object)."""
@@ -325,6 +336,21 @@ class Outbox:
                 data,
                 utcnow(),
             )
+        )
+
+    def record_call(
+        self, name: EventName, conv: ConversationIds, turn: TurnIds, call: CallIds, **data: Any
+    ) -> None:
+        """Add an event about tool call ``call`` (its step, tool and
+        request id, then ``data``) to this transaction."""
+        self.record(
+            name,
+            conv,
+            turn,
+            call.step,
+            tool=call.tool,
+            tool_request_id=call.tool_request_id,
+            **data,
         )
 
     def discard(self) -> None:

@@ -111,13 +111,11 @@ def hold(rt: Runtime, spec: AgentSpec, claimed: Claimed) -> bool:
         return False
     with rt.transaction() as (session, outbox):
         if start_waiting(session, call.id, found.timeout):
-            outbox.record(
+            outbox.record_call(
                 EventName.TOOL_APPROVAL_REQUESTED,
                 conv,
                 turn,
-                call.step,
-                tool=call.tool,
-                tool_request_id=call.tool_request_id,
+                call,
                 call_id=call.id,
                 params=call.params,
                 timeout=found.timeout,
@@ -155,13 +153,11 @@ def record(
     conv = _Conversation(state.conversation_id, state.root_id)
     turn = _Turn(state.turn_id, state.correlation_id)
     audit: dict[str, Any] = {"reason": note} if denied else {"note": note}
-    outbox.record(
+    outbox.record_call(
         EventName.TOOL_DENIED if denied else EventName.TOOL_APPROVED,
         conv,
         turn,
-        state.step,
-        tool=state.tool,
-        tool_request_id=state.tool_request_id,
+        state,
         call_id=state.id,
         by=by,
         **audit,
@@ -170,13 +166,11 @@ def record(
     if not denied:
         task = ToolTask(state.id, state.tool, state.queue)
         return [RunSegment(*where, (task,), state.priority)]
-    outbox.record(
+    outbox.record_call(
         EventName.TOOL_FAILED,
         conv,
         turn,
-        state.step,
-        tool=state.tool,
-        tool_request_id=state.tool_request_id,
+        state,
         result=result,
     )
     return [RunAdvance(*where, state.priority, if_ready=True)]

@@ -263,13 +263,11 @@ def _cancel_calls(session: Session, outbox: Outbox, conv: Conversation, turn: Tu
             col(ToolCallRow.step),
         )
     ).all()
-    for _id, tool, tool_request_id, step in sorted(cancelled_calls, key=lambda c: (c[3], c[0])):
-        outbox.record(
-            EventName.SUBAGENT_STOPPED if is_subagent_call(tool) else EventName.TOOL_CANCELLED,
+    for call in sorted(cancelled_calls, key=lambda c: (c.step, c.id)):
+        outbox.record_call(
+            EventName.SUBAGENT_STOPPED if is_subagent_call(call.tool) else EventName.TOOL_CANCELLED,
             conv,
             turn,
-            step,
-            tool=tool,
-            tool_request_id=tool_request_id,
+            call,
         )
     return [c[0] for c in cancelled_calls]

@@ -140,13 +140,11 @@ def start_child(
     )
     new = NewConversation(values, first, first_message(values["id"], first["id"], task))
     child, child_turn = new.row, new.turn_row
-    outbox.record(
+    outbox.record_call(
         EventName.SUBAGENT_STARTED,
         conv,
         turn,
-        call.step,
-        tool=call.tool,
-        tool_request_id=call.tool_request_id,
+        call,
         child_conversation_id=child.id,
         child_turn_id=child_turn.id,
         fork=fork,
@@ -190,13 +188,11 @@ def answer_parent(
     if answered is None:  # no such call, or it has its result already
         return []
     parent, turn, conv = answered
-    outbox.record(
+    outbox.record_call(
         _ENDINGS[status],
         conv,
         turn,
-        parent.step,
-        tool=parent.tool,
-        tool_request_id=parent.tool_request_id,
+        parent,
         child_conversation_id=child_turn.conversation_id,
         result=answer,
     )

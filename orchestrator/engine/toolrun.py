@@ -113,14 +113,12 @@ def run_tool(
             _store_result(session, outbox, call, turn, conv, refused, True)
         return []
     started = Outbox()
-    started.record(
+    started.record_call(
         EventName.TOOL_STARTED,
         conv,
         turn,
-        tool=call.tool,
-        tool_request_id=call.tool_request_id,
+        call,
         attempt=call.attempts,
-        step=call.step,
     )
     ctx = ToolContext(
         conversation_id=conv.id,
@@ -320,14 +318,12 @@ def _record_completion(
     """The call's ``tool.completed|failed``; an archived result's names its
     ``handle`` (for :meth:`orchestrator.Client.tool_output`)."""
     archived = {} if view_chars is None else {"handle": call.id}
-    outbox.record(
+    outbox.record_call(
         EventName.TOOL_FAILED if is_error else EventName.TOOL_COMPLETED,
         conv,
         turn,
-        tool=call.tool,
-        tool_request_id=call.tool_request_id,
+        call,
         result=result,
-        step=call.step,
         **archived,
     )
 
@@ -346,13 +342,11 @@ def _delegate(
     except ChorusError as exc:
         turn, conv, _ = caller
         if record_result(session, call.id, (_error(exc), True, None)):
-            outbox.record(
+            outbox.record_call(
                 EventName.SUBAGENT_FAILED,
                 conv,
                 turn,
-                call.step,
-                tool=call.tool,
-                tool_request_id=call.tool_request_id,
+                call,
                 error=redact(str(exc)),
             )
         return []
