@@ -413,6 +413,17 @@ Agent("looper", scripted_model("looper"), tools=[timed])
 register_script("quick", [lambda ms: Reply.say(f"ok: {ms[-1]['content']}")] * 400)
 Agent("quick", scripted_model("quick"))
 
+
+def _slow_answer(messages: list[dict[str, Any]]) -> Reply:
+    """A model that thinks for 5 s: its step holds the conversation's lease
+    meanwhile (a test restarts Postgres under it)."""
+    time.sleep(5.0)
+    return Reply.say(f"slow: {messages[-1]['content']}")
+
+
+register_script("slow-answer", [_slow_answer])
+Agent("slow-answer", scripted_model("slow-answer"))
+
 register_script("failing-child", [])  # its first model call fails: the script is empty
 Agent("failing-child", scripted_model("failing-child"))
 register_script(

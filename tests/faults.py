@@ -537,6 +537,13 @@ class PrivateCluster:
         self._ctl("restart")
         self._wait_ready()
 
+    def stop(self) -> None:
+        self._ctl("stop")
+
+    def start(self) -> None:
+        self._ctl("start")
+        self._wait_ready()
+
     def _drop(self) -> None:
         subprocess.run(
             ["pg_dropcluster", "--stop", self.version, self.name], capture_output=True, check=False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from celery import Celery, Task
 from celery.exceptions import Retry
@@ -33,11 +34,13 @@ def run_guarded(
     task: Task,
     run: Callable[[], list[Action]],
     fail: Callable[[str], list[Action]],
+    handed_on: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     """Run the engine and dispatch what it returns. A lost connection is
-    retried with backoff (the engine is idempotent); any other exception
-    fails the turn through ``fail`` (with the error) instead of leaving it
-    running for the sweeper to send the same failing work again."""
+    retried with backoff (the engine is idempotent), the retry's keyword
+    arguments updated with what ``handed_on`` returns; any other exception fails the
+    turn through ``fail`` (with the error) instead of leaving it running
+    for the sweeper to send the same failing work again."""
     try:
         dispatch(app, run())
     except Retry:
@@ -46,7 +49,10 @@ def run_guarded(
         if is_transient(exc):
             log.warning("transient failure, retry %d", task.request.retries + 1, exc_info=True)
             raise task.retry(
-                exc=exc, countdown=_backoff(task.request.retries), max_retries=MAX_TRANSIENT_RETRIES
+                kwargs={**(task.request.kwargs or {}), **(handed_on() if handed_on else {})},
+                exc=exc,
+                countdown=_backoff(task.request.retries),
+                max_retries=MAX_TRANSIENT_RETRIES,
             ) from exc
         log.exception("task failed; failing the turn")
         dispatch(app, fail(describe(exc)))
@@ -61,9 +67,16 @@ def register_tasks(app: Celery, rt: Runtime) -> None:
     """
 
     @app.task(name="chorus.step", bind=True)
-    def step(self: Task, conversation_id: str, turn_id: str, step: int) -> None:
+    def step(
+        self: Task,
+        conversation_id: str,
+        turn_id: str,
+        step: int,
+        previous_owner: str | None = None,
+    ) -> None:
         with log_context(conversation_id=conversation_id, turn_id=turn_id, step=step):
-            owner = new_lease_owner()
+            # set by this task's own retry only (a non-string, from a hostile message, is ignored)
+            owner = new_lease_owner(previous_owner if isinstance(previous_owner, str) else None)
             run_guarded(
                 app,
                 self,
@@ -71,6 +84,8 @@ def register_tasks(app: Celery, rt: Runtime) -> None:
                 lambda error: fail_at(
                     rt, conversation_id, turn_id, step, -1, f"step {step} failed: {error}"
                 ),
+                # a lost database leaves the lease held: the retry takes it over
+                handed_on=lambda: {"previous_owner": owner.holder},
             )
 
     @app.task(name="chorus.tool", bind=True)

@@ -81,17 +81,41 @@ def _worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def new_lease_owner() -> str:
-    """Each execution is its own owner: a redelivered copy of the same task
-    (same task id) must not share the lease of the copy still running."""
-    return uuid.uuid4().hex
+@dataclass
+class LeaseOwner:
+    """Who an execution of a step is, for the conversation's lease.
+
+    Each execution is its own owner (``id``): a redelivered copy of the same
+    task (same task id) must not share the lease of the copy still running.
+    A step whose database failed cannot give its lease up; its retry is
+    sent with :attr:`holder` as ``previous``, whose lease it takes over
+    instead of waiting for it to expire (a redelivered copy of that retry
+    finds the lease held by the retry's own, new id).
+    """
+
+    id: str
+    previous: str | None = None
+    taken: bool = False
+
+    @property
+    def holder(self) -> str | None:
+        """The owner whose lease may still be held once this execution failed:
+        its own if it took the lease, else the one it would have taken over."""
+        return self.id if self.taken else self.previous
 
 
-def _take_lease(rt: Runtime, ids: tuple[str, str, int], owner: str) -> Leased | None:
+def new_lease_owner(previous: str | None = None) -> LeaseOwner:
+    """A new execution's owner (``previous``: see :class:`LeaseOwner`)."""
+    return LeaseOwner(uuid.uuid4().hex, previous)
+
+
+def _take_lease(rt: Runtime, ids: tuple[str, str, int], owner: LeaseOwner) -> Leased | None:
     """Take the model-call lease (:func:`~orchestrator.store.step_sql.take_lease`),
     committed on its own. None: this copy leaves."""
     with rt.autocommit() as connection:
-        return take_lease(connection, ids, owner, rt.settings.lease_seconds)
+        taken = take_lease(connection, ids, (owner.id, owner.previous), rt.settings.lease_seconds)
+    owner.taken = taken is not None
+    return taken
 
 
 def _deferred(rt: Runtime, ids: tuple[str, str, int]) -> list[Action]:
@@ -161,7 +185,7 @@ def _defer(
 
 
 def run_step(
-    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: str
+    rt: Runtime, conversation_id: str, turn_id: str, step: int, owner: LeaseOwner
 ) -> list[Action]:
     """Call the model for ``step`` unless another copy holds the lease or
     the cursor has moved on; persist the reply and return what runs next.
@@ -169,13 +193,14 @@ def run_step(
     A step that raises gives its lease up first, so its retry (or the
     sweeper) need not wait for the lease to expire; if the provider had
     answered, the call's usage is recorded with it (the retry calls the
-    model again)."""
+    model again). When the database itself is what failed, the lease stays
+    held: the retry takes it over (:class:`LeaseOwner`)."""
     answered: list[ModelReply] = []  # the provider's reply, once it came
     try:
         with tracing.step((conversation_id, turn_id, step), answered):
-            actions = _run_step(rt, conversation_id, turn_id, step, owner, answered)
+            actions = _run_step(rt, (conversation_id, turn_id, step), owner, answered)
     except BaseException:
-        _give_up_lease(rt, (conversation_id, turn_id, step), owner, answered)
+        _give_up_lease(rt, (conversation_id, turn_id, step), owner.id, answered)
         raise
     return settle(rt, actions)  # a turn's end: the dequeue or parent's advance if due
 
@@ -218,20 +243,15 @@ class _RedactedDeltas:
 
 
 def _run_step(
-    rt: Runtime,
-    conversation_id: str,
-    turn_id: str,
-    step: int,
-    owner: str,
-    answered: list[ModelReply],
+    rt: Runtime, ids: tuple[str, str, int], lease_owner: LeaseOwner, answered: list[ModelReply]
 ) -> list[Action]:
     """Take the lease, build the request, put it through its policies, call
     the model and store the reply: each part returns the actions that end
     this execution early (a deferral, a stop, a lost lease) instead."""
     began = time.monotonic()
     rt.model.warm()  # before admission: an admitted call is sent at once, not after imports
-    ids = (conversation_id, turn_id, step)
-    taken = _take_lease(rt, ids, owner)
+    (_, turn_id, step), owner = ids, lease_owner.id
+    taken = _take_lease(rt, ids, lease_owner)
     if taken is None:
         log.info("step %s of %s: moved on, leased elsewhere or stopping; leaving", step, turn_id)
         return _deferred(rt, ids)

@@ -78,7 +78,8 @@ _TAKE = (
         or_(
             _CONVERSATIONS.c.lease_until.is_(None),
             _CONVERSATIONS.c.lease_until < db_now(),  # the database's clock, not the worker's
-            _CONVERSATIONS.c.lease_owner == bindparam("b_owner"),
+            # this execution's own, or the one its retry took over from
+            _CONVERSATIONS.c.lease_owner.in_((bindparam("b_owner"), bindparam("b_previous"))),
         ),
         _NOT_DEFERRED,
         _TURNS.c.id == bindparam("b_turn"),
@@ -246,11 +247,16 @@ def release(owned: bool, deferred: bool, failed: bool = False) -> Update:
 
 
 def take_lease(
-    connection: Connection, ids: tuple[str, str, int], owner: str, seconds: float
+    connection: Connection,
+    ids: tuple[str, str, int],
+    owners: tuple[str, str | None],
+    seconds: float,
 ) -> Leased | None:
     """Take the model-call lease of step ``ids`` (conversation, turn, step)
-    for ``owner`` for ``seconds``, if the cursor is at that step, no live
-    lease is held by another copy, the step is not deferred past now and
+    for the first of ``owners`` for ``seconds``, if the cursor is at that
+    step, no live lease is held by another copy (the second of ``owners``,
+    when given, is the failed execution whose retry this is: its lease is
+    taken over), the step is not deferred past now and
     the job is not being stopped, and read what the step reads of the
     conversation, the turn and the job's turn. One statement on Postgres
     (:data:`TAKE_JOINED`); on SQLite the lease, then :data:`LEASED`. Each
@@ -260,7 +266,8 @@ def take_lease(
         "b_conv": conversation_id,
         "b_turn": turn_id,
         "b_step": step,
-        "b_owner": owner,
+        "b_owner": owners[0],
+        "b_previous": owners[1],
         "b_lease": seconds,
     }
     if returns_joined_rows(connection):

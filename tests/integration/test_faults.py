@@ -282,10 +282,11 @@ def test_redis_and_postgres_restarted_mid_run(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CHORUS_TEST_CHAOS_TOOL_SECONDS", "2.0")
-    # A step whose copy failed during the outage while it held its
-    # conversation's lease is taken again once the lease expires: after
-    # 10 s, not the default 60 s
-    monkeypatch.setenv("CHORUS_LEASE_SECONDS", "10")
+    # A step whose execution failed during the outage while it held its
+    # conversation's lease cannot give the lease up (the database is what
+    # failed): its retry takes the lease over. With a lease of 10 minutes,
+    # a retry that waited for it to expire would not finish in this test.
+    monkeypatch.setenv("CHORUS_LEASE_SECONDS", "600")
     # Given a fleet on a Redis of its own, persisted with AOF as compose runs
     # it, and on a Postgres cluster of its own
     with (
@@ -314,6 +315,28 @@ def test_redis_and_postgres_restarted_mid_run(
         _service_run(client, fleet, settings, "redis", restart_redis)
         # When Postgres restarts while tools run: the same
         _service_run(client, fleet, settings, "postgres", cluster.restart)
+        # When Postgres is down while a model call runs (its step holds the lease)
+        _down_during_model_call(client, cluster)
+
+
+def _down_during_model_call(client: Client, cluster: PrivateCluster) -> None:
+    job = client.submit("slow-answer", "under an outage")
+    for event in job.events(deltas=False, timeout=60):
+        if event.name == EventName.LLM_REQUESTED:
+            break
+    # Postgres stops mid-call and stays down past the model's answer (5 s after
+    # its request): storing the reply fails, and so does giving the lease up;
+    # the first retries (1 s, 2 s later) fail too, before they take the lease
+    cluster.stop()
+    time.sleep(8)
+    cluster.start()
+    # Then a retry takes over the lease the failed execution held (600 s
+    # left on it) and the job completes, its model called again
+    wait_turns(client, [job.conversation_id], 1, timeout=90)
+    assert job.result(timeout=10) == "slow: under an outage"
+    names = [e.name for e in job.events(deltas=False, timeout=5)]
+    assert names.count(EventName.LLM_REQUESTED) == 2, names
+    assert names.count(EventName.TURN_COMPLETED) == 1, names
 
 
 # -- (d) a deterministic error in a step ---------------------------------------
