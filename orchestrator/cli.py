@@ -22,7 +22,10 @@ from orchestrator.errors import UserError
 from schemas.jobs import DEFAULT_PRIORITY
 
 if TYPE_CHECKING:
+    import socket
+
     from orchestrator.client import Client, Job
+    from orchestrator.local import LocalStack
     from orchestrator.settings import Settings
 
 app = typer.Typer(help="Chorus: durable LLM agent runs on Celery.", no_args_is_help=True)
@@ -554,6 +557,12 @@ def token_create(
     name: Annotated[str | None, typer.Option(help="A label (who or what uses it).")] = None,
 ) -> None:
     """Create a token and print it, once: only its hash is stored."""
+    _new_token(_settings(), tenant, scope, name)
+
+
+def _new_token(settings: Settings, tenant: str, scope: str, name: str | None) -> str:
+    """Create a token and print it, once (a line about it on stderr, the
+    token alone on stdout); its prefix, which revokes it."""
     from orchestrator.errors import InvalidRequestError
     from orchestrator.runtime import Runtime
     from orchestrator.store import token_sql
@@ -567,11 +576,12 @@ def token_create(
         raise InvalidRequestError("--scope: read, submit or admin", ["scope"])
     if name is not None and not 0 < len(name) <= 200:
         raise InvalidRequestError("--name: 1 to 200 characters", ["name"])
-    with Runtime(_settings()).session() as session:
+    with Runtime(settings).session() as session:
         row, token = token_sql.create(session, tenant, token_sql.Scope(scope), name)
         prefix = row.prefix
     errors.print(f"token {prefix} ({scope}, tenant {tenant}); shown once, keep it:")
     console.print(token)
+    return prefix
 
 
 @token_app.command("list")
@@ -618,21 +628,36 @@ def local(
     example: Annotated[
         str, typer.Option("--example", "-e", help=f"Bundled example: {', '.join(EXAMPLES)}.")
     ] = "trip",
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Then keep the stack up and serve the HTTP API and the dashboard on "
+            "127.0.0.1 until Ctrl-C, with a token for this run.",
+        ),
+    ] = False,
+    port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, help="The port of --serve (default 8000; 0: any free one)."),
+    ] = None,
 ) -> None:
     """Run one job on the embedded default: no Redis or Postgres needed.
 
     Starts the bundled redis-server, a SQLite file and one worker process a
     core (their logs in STATE_DIR/workers.log), then runs an example (the
     trip-planning agent unless --example names another) or AGENT, and
-    follows it.
+    follows it. With --serve, the dashboard then shows it (and every job
+    of the state directory) until Ctrl-C or SIGTERM stops everything.
     """
     from orchestrator.errors import InvalidRequestError
-    from orchestrator.local import local_stack
+    from orchestrator.local import SERVE_PORT, dashboard_url, local_stack, serving_socket
 
     if example not in EXAMPLES:
         raise InvalidRequestError(
             f"--example: no example {example!r}; there are {', '.join(EXAMPLES)}", ["example"]
         )
+    if port is not None and not serve:
+        raise InvalidRequestError("--port is the port of --serve: add --serve", ["port"])
     example_module, example_agent, example_input = EXAMPLES[example]
     settings = _settings()
     modules = list(module or settings.modules)
@@ -640,7 +665,12 @@ def local(
         modules = list(dict.fromkeys([*modules, example_module]))
     agent, text = agent or example_agent, text or example_input
     settings = settings.model_copy(update={"modules": modules})
-    with local_stack(settings) as stack:
+    with contextlib.ExitStack() as resources:
+        # the port first: one in use is refused before anything starts
+        listener = None
+        if serve:
+            listener = resources.enter_context(serving_socket(SERVE_PORT if port is None else port))
+        stack = resources.enter_context(local_stack(settings))
         running = stack.settings
         console.print(f"redis: {running.redis_url} (embedded: {settings.embedded})", style="dim")
         console.print(f"state: {_where(running.db_url)}", style="dim")
@@ -655,6 +685,49 @@ def local(
             console.print(
                 f"inspect it: sqlite3 {running.db_url.removeprefix('sqlite:///')}", style="dim"
             )
+        if listener is None:
+            console.print(
+                f"see it on the dashboard: rerun with --serve, then open "
+                f"{dashboard_url(SERVE_PORT, job.id)}",
+                style="dim",
+            )
+            return
+        _serve_local(stack, listener, job.id)
+        if stack.workers_failed:
+            raise typer.Exit(1)
+
+
+#: The tenant and name of the token ``chorus local --serve`` creates.
+LOCAL_TENANT = "local"
+LOCAL_TOKEN_NAME = "chorus local --serve"
+
+
+def _serve_local(stack: LocalStack, listener: socket.socket, job_id: str) -> None:
+    """Serve the HTTP API and the dashboard on LISTENER until SIGINT or
+    SIGTERM, with an admin token (jobs submitted by the Python client, as
+    this one, have no tenant: only an admin token sees them) printed once
+    and revoked when the server stops."""
+    from orchestrator.local import dashboard_url, serve
+    from orchestrator.runtime import Runtime
+    from orchestrator.store import token_sql
+
+    settings = stack.settings
+    prefix = _new_token(settings, LOCAL_TENANT, "admin", LOCAL_TOKEN_NAME)
+
+    def ready() -> None:
+        url = dashboard_url(listener.getsockname()[1], job_id)
+        console.print(Text.assemble(("dashboard:", "bold"), f" {url}"))
+        console.print(
+            "log in with the token above (revoked when this stops); "
+            "Ctrl-C stops the server and the stack",
+            style="dim",
+        )
+
+    try:
+        serve(settings, listener, ready)
+    finally:
+        with Runtime(settings).session() as session:
+            token_sql.revoke(session, prefix)
 
 
 #: Postgres's codes for an undefined table and an undefined column.

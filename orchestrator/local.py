@@ -24,6 +24,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
+from types import FrameType
 
 from orchestrator.liveness import beats_dir
 from orchestrator.settings import Settings
@@ -240,11 +241,14 @@ def _is_up(settings: Settings, index: int, since: float) -> bool:
 
 @contextmanager
 def worker_processes(
-    settings: Settings, processes: int | None = None, others: threading.Event | None = None
+    settings: Settings,
+    processes: int | None = None,
+    others: threading.Event | None = None,
+    failed: threading.Event | None = None,
 ) -> Iterator[Supervisor]:
     """One ``chorus worker`` process a core (threads pool, every queue),
-    supervised: a dead one is restarted; a crash loop interrupts the caller.
-    Their output goes to ``STATE_DIR/workers.log``.
+    supervised: a dead one is restarted; a crash loop sets FAILED and
+    interrupts the caller. Their output goes to ``STATE_DIR/workers.log``.
 
     The first starts at once and the others once it is up (its imports
     done) and OTHERS is set, or at the latest after FIRST_UP_WAIT seconds:
@@ -272,6 +276,8 @@ def worker_processes(
             status = supervisor.check()
             if status is not None:
                 log.error("the local workers stopped (status %d)", status)
+                if failed is not None:
+                    failed.set()
                 _thread.interrupt_main()
                 return
 
@@ -292,6 +298,13 @@ class LocalStack:
 
     settings: Settings
     _others: threading.Event = field(default_factory=threading.Event)
+    _failed: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def workers_failed(self) -> bool:
+        """Whether the worker processes crash-looped (and interrupted the
+        main thread)."""
+        return self._failed.is_set()
 
     def start_other_workers(self) -> None:
         """Let the worker processes after the first start (once it is up):
@@ -314,7 +327,7 @@ def local_stack(settings: Settings) -> Iterator[LocalStack]:
             url = stack.enter_context(embedded_redis(settings))
             settings = settings.model_copy(update={"redis_url": url})
         local = LocalStack(settings)
-        stack.enter_context(worker_processes(settings, others=local._others))
+        stack.enter_context(worker_processes(settings, others=local._others, failed=local._failed))
         _migrate(settings)
         yield local
 
@@ -330,3 +343,92 @@ def _migrate(settings: Settings) -> None:
     with (settings.state_dir / "migrate.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         upgrade(settings.db_url)
+
+
+#: Where ``chorus local --serve`` serves the HTTP API and the dashboard:
+#: loopback only, the port unless ``--port`` names another.
+SERVE_HOST = "127.0.0.1"
+SERVE_PORT = 8000
+#: Seconds the server waits for open requests (a dashboard's live event
+#: streams) to end once asked to stop, before closing them.
+SERVE_GRACE = 3
+#: Seconds between looks of the main thread at the server's thread (the
+#: main thread runs the signal handlers in between).
+SERVE_POLL = 0.2
+
+
+def dashboard_url(port: int, job_id: str | None = None) -> str:
+    """The address of the dashboard ``chorus local --serve`` serves on PORT
+    (of JOB_ID's page, when given)."""
+    base = f"http://{SERVE_HOST}:{port}/dashboard"
+    return base if job_id is None else f"{base}/jobs/{job_id}"
+
+
+def serving_socket(port: int) -> socket.socket:
+    """A socket listening on loopback PORT (0: any free one), taken before
+    the stack starts, so that a port in use is one line at once and no
+    other program can take it while the job runs (connections wait in its
+    backlog until the server starts)."""
+    from orchestrator.errors import InvalidRequestError
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        sock.bind((SERVE_HOST, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise InvalidRequestError(
+            f"--port {port}: {SERVE_HOST}:{port} is taken ({exc.strerror}); "
+            "name a free one with --port N, or --port 0 for any",
+            ["port"],
+        ) from None
+    return sock
+
+
+def serve(settings: Settings, sock: socket.socket, ready: Callable[[], None]) -> None:
+    """Serve the HTTP API and the dashboard (``chorus server``'s app) on
+    SOCK until SIGINT or SIGTERM; call READY once the server is up.
+
+    The server runs in a thread of its own and the signals are this
+    thread's: uvicorn's own handlers would raise the signal again once it
+    stopped, and SIGTERM's default action would end the process before
+    the stack's teardown (the workers' warm shutdown, Redis's snapshot).
+    A second signal closes what is still open at once."""
+    import uvicorn
+
+    from orchestrator.server.app import create_app
+
+    config = uvicorn.Config(
+        create_app(settings),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=SERVE_GRACE,
+    )
+    server = uvicorn.Server(config)
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        server.force_exit = server.should_exit
+        server.should_exit = True
+
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="chorus-local-server"
+    )
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        thread.start()
+        while thread.is_alive() and not server.started:
+            thread.join(SERVE_POLL / 10)
+        if server.started:
+            ready()
+        while thread.is_alive():
+            thread.join(SERVE_POLL)
+    finally:
+        server.should_exit = True
+        thread.join()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        from orchestrator.errors import ConfigurationError
+
+        raise ConfigurationError("the HTTP server did not start; see the lines above")

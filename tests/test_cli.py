@@ -156,13 +156,19 @@ def test_local_runs_the_example_on_the_embedded_default_twice_at_once(tmp_path: 
     outputs = [run.communicate(timeout=180)[0] for run in runs]
 
     # Then both example jobs complete end to end (neither trips over the
-    # other's CREATE TABLE), and each says where its state lives
+    # other's CREATE TABLE), and each says where its state lives and how
+    # to see the job on the dashboard (tests/test_local_serve.py serves it)
     for run, output in zip(runs, outputs, strict=True):
         assert run.returncode == 0, output[-3000:]
         text = " ".join(output.split())
         assert "completed job" in text
         assert "Casa do Rio" in text and "Booked: BK-" in text
         assert str(tmp_path / "chorus.db") in text
+        job_id = re.search(r"completed job ([0-9a-f]{32})", text).group(1)  # type: ignore[union-attr]
+        assert output.splitlines()[-1] == (
+            "see it on the dashboard: rerun with --serve, then open "
+            f"http://127.0.0.1:8000/dashboard/jobs/{job_id}"
+        )
     # and each turn stored its messages in order and ran its four tools
     with sqlite3.connect(tmp_path / "chorus.db") as db:
         turns = [t for (t,) in db.execute("select distinct turn_id from chorus_message")]
