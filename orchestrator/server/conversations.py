@@ -99,5 +99,6 @@ def events(
     Events: stored ones, then each turn that runs, live, until the root
     conversation is idle."""
     root = tenants.conversation(client_of(request), principal, conversation_id)
-    stream = follow.tree_events(client_of(request), root, since, deltas)
-    return sse.stream(stream, request.app.state.keepalive)
+    return sse.stream(
+        request, principal, follow.tree_events(client_of(request), root, since, deltas)
+    )

@@ -157,4 +157,4 @@ def events(
     """The job's events as Server-Sent Events: stored ones, then live ones
     until its turn ends."""
     job = _job(request, principal, job_id)
-    return sse.stream(follow.job_events(job, since, deltas), request.app.state.keepalive)
+    return sse.stream(request, principal, follow.job_events(job, since, deltas))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import httpx
@@ -13,7 +14,7 @@ from orchestrator import Client, Settings
 from orchestrator.cli import app
 from orchestrator.errors import InvalidRequestError
 from tests.integration.test_liveness import _chorus
-from tests.server.conftest import Server, bearer, make_token
+from tests.server.conftest import KEEPALIVE, Follower, Server, bearer, make_token
 
 pytestmark = pytest.mark.integration
 
@@ -161,6 +162,68 @@ def test_tokens_from_the_cli_work_until_revoked_and_are_never_shown_again(
             ApiToken, next(r.id for r in session.query(ApiToken) if r.prefix == prefix)
         )
         assert row is not None and secret not in row.hash and row.revoked_at is not None
+
+
+#: How long after its token's revocation a test server's stream may still
+#: run: the check interval (the test server's keep-alive is shorter than
+#: RECHECK), and slack for a loaded machine.
+REVOKED_WITHIN = KEEPALIVE + 2.0
+
+
+def revoked_stream_ended(follower: Follower, revoked_at: float) -> None:
+    """``follower``'s stream ended within the bound with the 401 body, and
+    not one frame came after that (or after the bound)."""
+    assert follower.ended.wait(REVOKED_WITHIN + 5), "the revoked token's stream is still open"
+    assert follower.ended_at - revoked_at < REVOKED_WITHIN
+    *_, error, end = follower.events()
+    assert error["event"] == "error" and end["event"] == "end"
+    assert json.loads(error["data"]) == {
+        "type": "AuthenticationError",
+        "message": "the token was revoked",
+        "fields": [],
+    }
+    assert all(at - revoked_at < REVOKED_WITHIN for at, _ in follower.frames)
+
+
+@pytest.mark.long
+def test_a_revoked_tokens_open_streams_end_within_the_bound(
+    server: Server, settings: Settings, client: Client, acme: str
+) -> None:
+    # Given a token following a job that waits for a person, by its job's
+    # stream and its conversation's, and another token following it too
+    token = make_token(client, "acme", "submit", "to-be-revoked")
+    with _http(server, token) as http:
+        job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "revoke me"}).json()
+    streams = [
+        Follower(server, token, f"/v1/jobs/{job['job_id']}/events"),
+        Follower(server, token, f"/v1/conversations/{job['conversation_id']}/events"),
+    ]
+    other = Follower(server, acme, f"/v1/jobs/{job['job_id']}/events")
+    for follower in (*streams, other):
+        follower.wait_for("tool.approval_requested")
+
+    # When the token is revoked with the CLI
+    revoked = _chorus(settings, "token", "revoke", token.split("_")[1])
+    revoked_at = time.monotonic()
+    assert revoked.returncode == 0, revoked.stderr
+
+    # Then its streams end within the bound, saying why
+    for follower in streams:
+        assert follower.status == 200
+        revoked_stream_ended(follower, revoked_at)
+    # and the other token's stream goes on: it sees the call answered and the turn end
+    assert not other.ended.is_set()
+    with _http(server, acme) as http:
+        [call] = http.get(
+            "/v1/approvals", params={"conversation_id": job["conversation_id"]}
+        ).json()
+        answer = http.post(f"/v1/approvals/{call['call_id']}", json={"decision": "approve"})
+        assert answer.status_code == 200, answer.text
+    assert other.ended.wait(30)
+    names = [f["event"] for f in other.events()]
+    assert names[-2:] == ["turn.completed", "end"] and "tool.approved" in names
+    for follower in streams:  # none of what happened after reached the revoked token
+        assert "tool.approved" not in [f.get("event") for f in follower.events()]
 
 
 @pytest.mark.parametrize(
