@@ -74,8 +74,7 @@ def fork(conversation_id: ConversationId, principal: Submitter, request: Request
     """A new conversation (of the token's tenant) with a copy of this one's messages."""
     client = client_of(request)
     tenants.conversation(client, principal, conversation_id)
-    copy = client.fork(conversation_id)
-    tenants.stamp(client, copy, principal.tenant)
+    copy = client.fork(conversation_id, tenant=principal.tenant)
     return Forked(conversation_id=copy)
 
 

@@ -19,6 +19,7 @@ from orchestrator import Client, Settings
 from orchestrator.server import errors
 from orchestrator.server.body_limit import MAX_BODY_BYTES, BodyLimit
 from orchestrator.store import token_sql
+from orchestrator.store.tables import Conversation
 from tests.server.conftest import (
     Follower,
     Server,
@@ -325,3 +326,31 @@ def test_revoked_tokens_lose_every_open_stream_and_cannot_resume(
         finally:
             for job in (waiting, busy):
                 http.post(f"/v1/jobs/{job['job_id']}/cancel")
+
+
+def test_a_tenant_cannot_be_claimed_by_any_field_of_a_request(
+    server: Server, client: Client, acme: str
+) -> None:
+    with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as http:
+        # not as a field of the submit
+        claimed = http.post("/v1/jobs", json={"agent": "quick", "input": "x", "tenant": "globex"})
+        assert claimed.status_code == 422, claimed.text
+        assert claimed.json()["fields"] == ["tenant"]
+        # nor in the context_data of a submit or of a message sent later
+        hostile = {"tenant": "globex", "x": 1}
+        job = http.post(
+            "/v1/jobs", json={"agent": "tenant-echo", "input": "one", "context_data": hostile}
+        ).json()
+        first = http.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 20}).json()
+        conversation = job["conversation_id"]
+        sent = http.post(
+            f"/v1/conversations/{conversation}/messages",
+            json={"text": "two", "context_data": hostile},
+        )
+        second = job_of_message(http, conversation, sent)
+        later = http.get(f"/v1/jobs/{second}/result", params={"wait": 20}).json()
+    for answer in (first, later):
+        assert json.loads(answer["output"]) == {"tenant": "acme", "x": 1}
+    with client.runtime.session() as session:
+        root = session.get(Conversation, conversation)
+        assert root is not None and root.tenant == "acme"

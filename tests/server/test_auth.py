@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 
 import httpx
 import pytest
+from sqlmodel import col, select
 from typer.testing import CliRunner
 
 from orchestrator import Client, Settings
 from orchestrator.cli import app
 from orchestrator.errors import InvalidRequestError
+from orchestrator.store.tables import Conversation, Turn
 from tests.integration.test_liveness import _chorus
 from tests.server.conftest import KEEPALIVE, Follower, Server, bearer, make_token
 
@@ -121,6 +124,57 @@ def test_the_tenant_is_the_tokens_and_other_tenants_see_nothing(
         acme_jobs = admin.get("/v1/jobs", params={"tenant": "acme", "limit": 500}).json()["jobs"]
         assert job["job_id"] in [j["job_id"] for j in acme_jobs]
         assert {j["tenant"] for j in acme_jobs} == {"acme"}
+
+
+def test_a_job_is_its_tenants_from_the_first_moment_it_exists(
+    server: Server, client: Client, acme: str
+) -> None:
+    """The tenant was stamped on a submitted job's conversation by a second
+    transaction: a reader between the two (or a crash) saw a job of no tenant."""
+    marker = uuid.uuid4().hex
+    seen: dict[str, tuple[str | None, str]] = {}
+    done = threading.Event()
+
+    def watch() -> None:  # every turn of this test, as soon as it can be read
+        query = (
+            select(Turn.id, Conversation.tenant, Turn.context_data)
+            .join(Conversation, col(Conversation.id) == col(Turn.root_id))
+            .where(col(Turn.input_text).startswith(marker))
+        )
+        while not done.is_set():
+            with client.runtime.session() as session:
+                for turn_id, tenant, data in session.exec(query).all():
+                    seen.setdefault(turn_id, (tenant, data["tenant"]))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        with _http(server, acme) as http:
+            jobs = []
+            for i in range(20):
+                job = http.post(
+                    "/v1/jobs",
+                    json={
+                        "agent": "quick",
+                        "input": f"{marker} {i}",
+                        "context_data": {"tenant": "globex"},  # hostile: replaced
+                    },
+                )
+                assert job.status_code == 201, job.text
+                jobs.append(job.json())
+            http.get(f"/v1/jobs/{jobs[0]['job_id']}/result", params={"wait": 20})
+            forked = http.post(f"/v1/conversations/{jobs[0]['conversation_id']}/fork")
+    finally:
+        time.sleep(0.2)
+        done.set()
+        watcher.join(10)
+    assert set(seen) == {job["job_id"] for job in jobs}
+    # never a moment without its tenant, and context_data's is the token's too
+    assert set(seen.values()) == {("acme", "acme")}
+    assert forked.status_code == 201, forked.text
+    with client.runtime.session() as session:
+        copy = session.get(Conversation, forked.json()["conversation_id"])
+        assert copy is not None and copy.tenant == "acme"
 
 
 @pytest.mark.long
