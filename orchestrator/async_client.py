@@ -219,12 +219,13 @@ class AsyncClient:
         budget: Budget | None = None,
         priority: int = DEFAULT_PRIORITY,
         trace_parent: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncJob:
         """Start a turn: as :meth:`Client.submit <orchestrator.client.Client.submit>`
-        (``trace_parent`` included: by default the current OpenTelemetry span
-        of the calling task, if any)."""
+        (``trace_parent`` and ``tenant`` included: by default the current
+        OpenTelemetry span of the calling task, if any)."""
         trace = tracing.submitted(trace_parent)
-        options = (conversation_id, context_data, idempotency_key, budget, priority)
+        options = (conversation_id, context_data, idempotency_key, budget, priority, tenant)
         request = args.job_request(agent, input, *options)
         ref, actions = await self._run(ops.submit, self.runtime, request)
         await self._send(actions, trace)
@@ -269,9 +270,10 @@ class AsyncClient:
         """Summarize the conversation in the background (see ``Client.checkpoint``)."""
         await self._send(await self._run(ops.checkpoint, self.runtime, conversation_id))
 
-    async def fork(self, conversation_id: str) -> str:
-        """A new conversation with a copy of this one's messages; its id."""
-        return await self._run(ops.fork, self.runtime, conversation_id)
+    async def fork(self, conversation_id: str, *, tenant: str | None = None) -> str:
+        """A new conversation with a copy of this one's messages; its id
+        (``tenant`` as in ``Client.fork``)."""
+        return await self._run(ops.fork, self.runtime, conversation_id, tenant)
 
     async def clear(self, conversation_id: str) -> int:
         """Delete the conversation's messages and plan; how many messages."""

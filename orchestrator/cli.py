@@ -602,7 +602,8 @@ def token_list() -> None:
 
 @token_app.command("revoke")
 def token_revoke(token: Annotated[str, typer.Argument(help="Its prefix or id.")]) -> None:
-    """Revoke a token: requests with it answer 401 from now on."""
+    """Revoke a token: requests with it answer 401 from now on, and the event
+    streams it has open end within 5 s."""
     from orchestrator.errors import InvalidRequestError
     from orchestrator.runtime import Runtime
     from orchestrator.store import token_sql

@@ -122,6 +122,7 @@ class Client:
         budget: Budget | None = None,
         priority: int = DEFAULT_PRIORITY,
         trace_parent: str | None = None,
+        tenant: str | None = None,
     ) -> Job:
         """Start a turn: run ``agent`` on ``input``.
 
@@ -138,9 +139,15 @@ class Client:
         ``trace_parent`` (a W3C ``traceparent``, such as an HTTP request's)
         makes the job's trace part of that trace; by default the caller's
         current OpenTelemetry span, if any (README, "Tracing").
+
+        ``tenant`` gives the new conversation to that tenant of the HTTP API
+        (its tokens see the job; ``chorus server`` passes its token's), in
+        the transaction that stores the job; a job that continues
+        ``conversation_id`` belongs to that conversation's root's tenant and
+        takes none (:class:`~orchestrator.errors.InvalidRequestError`).
         """
         trace = tracing.submitted(trace_parent)
-        options = (conversation_id, context_data, idempotency_key, budget, priority)
+        options = (conversation_id, context_data, idempotency_key, budget, priority, tenant)
         request = args.job_request(agent, input, *options)
         ref, actions = ops.submit(self.runtime, request)
         with tracing.sending(trace):
@@ -208,9 +215,10 @@ class Client:
         later prompts hold the summary instead of the messages before it."""
         self.dispatcher.send(ops.checkpoint(self.runtime, conversation_id))
 
-    def fork(self, conversation_id: str) -> str:
-        """A new conversation with a copy of this one's messages; returns its id."""
-        return ops.fork(self.runtime, conversation_id)
+    def fork(self, conversation_id: str, *, tenant: str | None = None) -> str:
+        """A new conversation with a copy of this one's messages; returns its
+        id. ``tenant``: the HTTP API tenant the copy belongs to, stored with it."""
+        return ops.fork(self.runtime, conversation_id, tenant)
 
     def clear(self, conversation_id: str) -> int:
         """Delete the conversation's messages and its plan; returns how many messages."""

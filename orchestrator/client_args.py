@@ -44,6 +44,16 @@ def conversation(conversation_id: object) -> str:
     return valid_id(conversation_id, "conversation_id")
 
 
+def valid_tenant(value: object) -> str | None:
+    """None, or a tenant's name: a string of 1 to 64 characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 64:
+        raise refuse("tenant", "None or a string of 1 to 64 characters", value)
+    check(value, "tenant")
+    return value
+
+
 def timeout(value: object, name: str = "timeout") -> float | None:
     """None (no bound), or seconds: a number, not negative, not NaN."""
     if value is None:
@@ -77,8 +87,15 @@ def job_request(
     idempotency_key: str | None,
     budget: Budget | None,
     priority: int,
+    tenant: str | None = None,
 ) -> JobRequest:
     """``submit``'s arguments as a request (else :class:`InvalidRequestError`)."""
+    if valid_tenant(tenant) is not None and conversation_id is not None:
+        raise InvalidRequestError(
+            "tenant: only a job that starts a conversation takes one; a conversation "
+            "belongs to its root's tenant",
+            ["tenant"],
+        )
     try:
         return JobRequest(
             agent=agent,
@@ -88,6 +105,7 @@ def job_request(
             idempotency_key=idempotency_key,
             budget=budget,
             priority=priority,
+            tenant=tenant,
         )
     except ValidationError as exc:
         raise invalid(exc, "job request") from None

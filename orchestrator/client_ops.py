@@ -89,9 +89,9 @@ def checkpoint(rt: Runtime, conversation_id: str) -> list[Action]:
     return [TakeCheckpoint(conversation_id, DEFAULT_PRIORITY)]
 
 
-def fork(rt: Runtime, conversation_id: str) -> str:
-    """A copy of the conversation's messages; the new conversation's id."""
-    return conversations.fork(rt, args.conversation(conversation_id))
+def fork(rt: Runtime, conversation_id: str, tenant: str | None = None) -> str:
+    """A copy of the conversation's messages (``tenant``'s); the new conversation's id."""
+    return conversations.fork(rt, args.conversation(conversation_id), args.valid_tenant(tenant))
 
 
 def clear(rt: Runtime, conversation_id: str) -> int:

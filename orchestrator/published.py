@@ -1,29 +1,39 @@
-"""What the workers registered, stored in Postgres for clients.
+"""What the running workers register, stored in Postgres for clients.
 
 A worker writes, when it starts, every agent (its spec's JSON, output
 schema included), tool and MCP server it registered into
-``chorus_registration`` (one upsert). A client that submits an agent by a
-name it did not declare itself reads those rows
-(:func:`learn`) and validates against them: a client that only submits
-and follows imports no tool module. Rows are upserted, never deleted: a
-name one worker registered stays known; a job naming something no live
-worker has still fails at its worker, as before.
+``chorus_registration`` (one upsert), then marks them as still registered
+every quarter of ``CHORUS_REGISTRATION_TTL`` (:class:`Publisher`, a thread
+of its main process; one UPDATE that touches only rows not marked lately).
+A client that submits an agent by a name it did not declare itself reads
+the rows (:func:`learn`) and validates against them: a client that only
+submits and follows imports no tool module.
+
+A row counts while it was marked within ``CHORUS_REGISTRATION_TTL`` of the
+freshest row: a name no running worker registers any more (an agent
+removed from the modules, the last worker that had it stopped) is unknown
+to clients that long after the other workers went on without it
+(``UnknownAgentError`` at submit, not a job that fails at its worker).
+Times are the database's. While no worker runs at all, nothing expires: a
+submit is accepted and waits for the fleet, as before.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Self
 
-from sqlalchemy import select
+from sqlalchemy import func, literal, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from orchestrator import registry
+from orchestrator.periodic import Periodic
 from orchestrator.runtime import Runtime
+from orchestrator.store.clock import db_now, shifted
 from orchestrator.store.dialect import is_postgres
-from orchestrator.store.tables import RegistrationRow, table, utcnow
+from orchestrator.store.tables import RegistrationRow, table
 from schemas import AgentSpec
 
 log = logging.getLogger(__name__)
@@ -37,10 +47,9 @@ _ROWS = table(RegistrationRow)
 _learnt_at = -FRESH_FOR
 
 
-def publish(rt: Runtime) -> int:
-    """Upsert this process's registrations; how many rows."""
-    now = utcnow()
-    rows: list[dict[str, Any]] = [
+def _registered() -> list[dict[str, Any]]:
+    """This process's registrations, as rows (their time left to the database)."""
+    return [
         *(
             {"kind": AGENT, "name": n, "spec": registry.get_agent(n).model_dump(mode="json")}
             for n in registry.agent_names()
@@ -48,13 +57,16 @@ def publish(rt: Runtime) -> int:
         *({"kind": TOOL, "name": n, "spec": None} for n in registry.tool_names()),
         *({"kind": TOOLSET, "name": n, "spec": None} for n in registry.toolset_names()),
     ]
+
+
+def publish(rt: Runtime) -> int:
+    """Upsert this process's registrations, marked now; how many rows."""
+    rows = _registered()
     if not rows:
         return 0
-    for row in rows:
-        row["updated_at"] = now
     with rt.session() as session:
         insert = pg_insert if is_postgres(session) else sqlite_insert
-        statement = insert(_ROWS).values(rows)
+        statement = insert(_ROWS).values([{**row, "updated_at": db_now()} for row in rows])
         session.execute(
             statement.on_conflict_do_update(
                 index_elements=[_ROWS.c.kind, _ROWS.c.name],
@@ -64,23 +76,64 @@ def publish(rt: Runtime) -> int:
     return len(rows)
 
 
-def publish_quietly(rt: Runtime) -> None:
-    """:func:`publish`, logging a failure (a worker must start without it)."""
-    try:
-        count = publish(rt)
-    except Exception:
-        log.warning("could not publish this worker's registrations", exc_info=True)
-    else:
+def refresh(rt: Runtime, every: float) -> int:
+    """Mark this process's registrations as still registered, those not
+    marked in the last ``every / 2`` seconds (another worker with the same
+    modules did the rest); how many rows."""
+    keys = [(row["kind"], row["name"]) for row in _registered()]
+    if not keys:
+        return 0
+    with rt.session() as session:
+        result = session.execute(
+            update(_ROWS)
+            .where(
+                tuple_(_ROWS.c.kind, _ROWS.c.name).in_(keys),
+                _ROWS.c.updated_at < db_now(literal(-every / 2)),
+            )
+            .values(updated_at=db_now())
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+class Publisher(Periodic):
+    """A worker's thread: :func:`publish` once (until it succeeds), then
+    :func:`refresh` every quarter of ``CHORUS_REGISTRATION_TTL``."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt, self._published = rt, False
+        super().__init__(
+            "chorus-registrations",
+            rt.settings.registration_ttl / 4,
+            self._mark,
+            "could not publish this worker's registrations",
+        )
+
+    def start(self) -> Self:
+        """Publish first, in the caller's thread (before the worker takes
+        tasks, as clients may look a name up at once), then start marking."""
+        self.once()
+        return super().start()
+
+    def _mark(self) -> None:
+        if self._published:
+            refresh(self.rt, self.every)
+            return
+        count = publish(self.rt)
+        self._published = True
         log.info("published %d registrations", count)
 
 
 def learn(rt: Runtime) -> None:
-    """Read what the workers published into the registry."""
+    """Read what the running workers register into the registry (what no
+    running worker registers any more left out)."""
     global _learnt_at
     agents: list[AgentSpec] = []
     names: dict[str, list[str]] = {TOOL: [], TOOLSET: []}
+    newest = select(func.max(_ROWS.c.updated_at)).scalar_subquery()
+    live = _ROWS.c.updated_at >= shifted(newest, literal(-rt.settings.registration_ttl))
+    query = select(_ROWS.c.kind, _ROWS.c.name, _ROWS.c.spec).where(live)
     with rt.session() as session:
-        for kind, name, spec in session.execute(select(_ROWS.c.kind, _ROWS.c.name, _ROWS.c.spec)):
+        for kind, name, spec in session.execute(query):
             if kind == AGENT:
                 agents.append(AgentSpec.model_validate(spec))
             elif kind in names:

@@ -13,7 +13,6 @@ worker fleet started without it), which would otherwise wait forever;
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -21,6 +20,7 @@ import redis
 
 from orchestrator import keys, registry
 from orchestrator.celery_conf import PRIORITY_STEPS, QUEUES, queue_lists
+from orchestrator.periodic import Periodic
 from orchestrator.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -68,30 +68,20 @@ def count_readers(rt: Runtime, queues: Sequence[str]) -> dict[str, int]:
     return dict(zip(queues, (int(n) for n in pipe.execute()), strict=True))
 
 
-class Announcer:
+class Announcer(Periodic):
     """A worker's thread announcing its queues until :meth:`stop`."""
 
     def __init__(self, rt: Runtime, node: str, queues: Iterable[str]) -> None:
         self.rt, self.node, self.queues = rt, node, sorted(set(queues))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chorus-readers", daemon=True)
-
-    def start(self) -> Announcer:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while True:
-            try:
-                announce(self.rt, self.node, self.queues)
-            except Exception:  # Redis may be away for a moment; the thread must not die
-                log.warning("could not announce the queues this worker reads", exc_info=True)
-            if self._stop.wait(ANNOUNCE_EVERY):
-                return
+        super().__init__(
+            "chorus-readers",
+            ANNOUNCE_EVERY,
+            lambda: announce(self.rt, self.node, self.queues),
+            "could not announce the queues this worker reads",
+        )
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        super().stop()
         try:
             withdraw(self.rt, self.node, self.queues)
         except redis.RedisError:  # the announcement then expires on its own

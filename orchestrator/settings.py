@@ -69,6 +69,13 @@ class Settings(BaseSettings):
         default=60.0,
         description="A step's model-call lease, renewed by a heartbeat for the whole call.",
     )
+    registration_ttl: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds an agent, tool or MCP server stays known to clients that "
+        "import no worker modules once no running worker registers it (while others "
+        "run); each worker re-publishes its own every quarter of this.",
+    )
     stall_timeout: float = Field(
         default=120.0,
         description="A running turn with no progress for this long is re-dispatched "

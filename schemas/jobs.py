@@ -46,6 +46,9 @@ class JobRequest(Frozen):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     budget: Budget | None = None
     priority: int = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
+    #: The HTTP API tenant the new conversation belongs to (``chorus
+    #: server`` sets its token's); only a job that starts a conversation.
+    tenant: str | None = Field(default=None, min_length=1, max_length=64)
 
 
 class MessageOptions(Frozen):

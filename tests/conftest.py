@@ -44,6 +44,11 @@ def services() -> Iterator[Services]:
         pytest.fail(str(exc), pytrace=False)
 
 
+#: The fleet's CHORUS_REGISTRATION_TTL: an agent of a worker that stopped is
+#: unknown to a client that does not declare it within seconds.
+REGISTRATION_TTL = 4.0
+
+
 @pytest.fixture(scope="session")
 def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
@@ -57,6 +62,7 @@ def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Se
         max_depth=3,
         sweep_interval=2.0,
         model_endpoints=[LOOPBACK_ENDPOINTS],
+        registration_ttl=REGISTRATION_TTL,
     )
 
 
@@ -81,6 +87,7 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
         CHORUS_STATE_DIR=str(settings.state_dir),
         CHORUS_STALL_TIMEOUT=str(settings.stall_timeout),
         CHORUS_SWEEP_INTERVAL=str(settings.sweep_interval),
+        CHORUS_REGISTRATION_TTL=str(settings.registration_ttl),
         PYTHONPATH=str(ROOT),
         OPENAI_API_KEY="sk-test-not-a-secret",
         GROQ_API_KEY=PROVIDER_KEY,

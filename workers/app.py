@@ -23,6 +23,7 @@ from orchestrator.celery_conf import QUEUES, make_celery
 from orchestrator.liveness import start_heartbeat, touch
 from orchestrator.llm.call import warm
 from orchestrator.logs import setup_logging as configure_logging
+from orchestrator.periodic import Periodic
 from orchestrator.readers import Announcer
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings, load_settings
@@ -70,13 +71,15 @@ def announce_queues(settings: Settings) -> tuple[Any, Any]:
     """Signal handlers announcing the queues a worker reads while it runs
     (:mod:`orchestrator.readers`), from its main process, on a runtime of
     their own (a prefork child never uses its connection); when it is
-    ready, it first publishes its registrations (:mod:`orchestrator.published`)."""
-    announcers: list[Announcer] = []
+    ready, it also publishes its registrations and marks them while it runs
+    (:mod:`orchestrator.published`)."""
+    announcers: list[Periodic] = []
 
     def ready(sender: Any = None, **_: Any) -> None:
         queues = list(sender.app.amqp.queues.consume_from)
         rt = Runtime(settings)
-        published.publish_quietly(rt)  # what clients validate agent names against
+        # what clients validate agent names against, while this worker runs
+        announcers.append(published.Publisher(rt).start())
         announcers.append(Announcer(rt, sender.hostname, queues).start())
 
     def shutdown(**_: Any) -> None:

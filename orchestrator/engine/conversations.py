@@ -45,11 +45,12 @@ def _claim(session: Session, conv: Conversation, **values: Any) -> None:
         raise ConversationBusyError(conv.id)
 
 
-def fork(rt: Runtime, conversation_id: str) -> str:
-    """A new root conversation with the same agent and a copy of the messages."""
+def fork(rt: Runtime, conversation_id: str, tenant: str | None = None) -> str:
+    """A new root conversation with the same agent and a copy of the
+    messages, belonging to ``tenant`` (stored with it)."""
     with rt.session() as session:
         conv = load_idle(session, conversation_id)
-        copy = NewConversation(new_conversation(None, conv.agent_spec))
+        copy = NewConversation(new_conversation(None, conv.agent_spec, tenant=tenant))
         start_conversation(session, copy, copy_from=conversation_id)
         _claim(session, conv)
         return copy.id

@@ -234,6 +234,7 @@ def _claim_conversation(
         "version": 1,
         "turns": 1,
         "priority": request.priority,
+        "tenant": request.tenant,
     }
     return _Ids(conv_id, conv_id, ""), 0, [(Conversation, row)]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -14,6 +15,7 @@ from orchestrator.server import approvals, conversations, dashboard, errors, job
 from orchestrator.server.auth import client_of
 from orchestrator.server.body_limit import BodyLimit
 from orchestrator.server.models import Ready
+from orchestrator.server.revocations import RECHECK, Revocations
 from orchestrator.settings import Settings
 
 #: Seconds without an event before an SSE stream sends a keep-alive comment.
@@ -27,9 +29,14 @@ def create_app(settings: Settings, *, keepalive: float = KEEPALIVE) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = Client(settings)
         app.state.client = client
+        app.state.revocations = Revocations(client, every=min(keepalive, RECHECK))
+        checks = asyncio.create_task(app.state.revocations.run(), name="chorus-token-checks")
         try:
             yield
         finally:
+            checks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checks
             client.close()
 
     app = FastAPI(

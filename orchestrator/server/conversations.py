@@ -74,8 +74,7 @@ def fork(conversation_id: ConversationId, principal: Submitter, request: Request
     """A new conversation (of the token's tenant) with a copy of this one's messages."""
     client = client_of(request)
     tenants.conversation(client, principal, conversation_id)
-    copy = client.fork(conversation_id)
-    tenants.stamp(client, copy, principal.tenant)
+    copy = client.fork(conversation_id, tenant=principal.tenant)
     return Forked(conversation_id=copy)
 
 
@@ -99,5 +98,6 @@ def events(
     Events: stored ones, then each turn that runs, live, until the root
     conversation is idle."""
     root = tenants.conversation(client_of(request), principal, conversation_id)
-    stream = follow.tree_events(client_of(request), root, since, deltas)
-    return sse.stream(stream, request.app.state.keepalive)
+    return sse.stream(
+        request, principal, follow.tree_events(client_of(request), root, since, deltas)
+    )

@@ -43,6 +43,8 @@ def submit(
     client = client_of(request)
     if body.conversation_id is not None:
         tenants.conversation(client, principal, body.conversation_id)
+    # a new conversation is the token's tenant's from the transaction that stores it
+    owner = principal.tenant if body.conversation_id is None else None
     key = body.idempotency_key
     job = client.submit(
         body.agent,
@@ -53,9 +55,8 @@ def submit(
         budget=body.budget,
         priority=body.priority,
         trace_parent=trace_parent,
+        tenant=owner,
     )
-    if body.conversation_id is None:
-        tenants.stamp(client, job.root_id, principal.tenant)
     return JobCreated(job_id=job.id, conversation_id=job.conversation_id, root_id=job.root_id)
 
 
@@ -157,4 +158,4 @@ def events(
     """The job's events as Server-Sent Events: stored ones, then live ones
     until its turn ends."""
     job = _job(request, principal, job_id)
-    return sse.stream(follow.job_events(job, since, deltas), request.app.state.keepalive)
+    return sse.stream(request, principal, follow.job_events(job, since, deltas))

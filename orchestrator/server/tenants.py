@@ -1,13 +1,13 @@
-"""Which tenant owns what. The tenant of an HTTP token is stamped on the
-root conversation of every job it submits (``chorus_conversation.tenant``);
+"""Which tenant owns what. The tenant of an HTTP token is stored on the
+root conversation of every job it submits or fork it makes
+(``chorus_conversation.tenant``), in the transaction that creates it;
 a conversation, its subagents' included, and a job belong to their root's
 tenant. A token sees its own tenant's; an ``admin`` token sees every
 tenant's. Anything else answers 404, as if it did not exist."""
 
 from __future__ import annotations
 
-from sqlalchemy import update
-from sqlmodel import Session, col
+from sqlmodel import Session
 
 from orchestrator.client import Client, Job
 from orchestrator.engine.turns import JobRef
@@ -54,14 +54,3 @@ def call(client: Client, principal: Principal, call_id: str) -> None:
         state = call_state(session, call_id)
         if state is None or not _sees(principal, session, state.root_id):
             raise ApprovalNotFound(call_id)
-
-
-def stamp(client: Client, root_id: str, tenant: str) -> None:
-    """Give a new root conversation its tenant (one it has is kept)."""
-    with client.runtime.session() as session:
-        session.execute(
-            update(Conversation)
-            .where(col(Conversation.id) == root_id, col(Conversation.tenant).is_(None))
-            .values(tenant=tenant)
-        )
-        session.commit()

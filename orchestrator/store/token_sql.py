@@ -89,6 +89,22 @@ def verify(session: Session, token: str) -> Principal | None:
     return Principal(row.id, row.name, row.tenant, Scope(row.scope))
 
 
+#: Ids per query of :func:`unrevoked` (bound parameters have a cap).
+_CHUNK = 1000
+
+
+def unrevoked(session: Session, ids: list[str]) -> set[str]:
+    """Which of the tokens ``ids`` exist and are not revoked (by primary key)."""
+    found: set[str] = set()
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        query = select(ApiToken.id).where(
+            col(ApiToken.id).in_(chunk), col(ApiToken.revoked_at).is_(None)
+        )
+        found.update(session.exec(query).all())
+    return found
+
+
 def revoke(session: Session, prefix_or_id: str) -> int:
     """Revoke the token with this prefix or id; how many were revoked (0 or 1)."""
     result = session.execute(

@@ -14,11 +14,12 @@ import pytest
 from playwright.sync_api import expect
 
 from orchestrator import Client, Settings
+from orchestrator.store import token_sql
 from tests.approval_agents import HOSTILE_FLIGHT
 from tests.conftest import ROOT
 from tests.dashboard.bigrun import EVENTS, store_big_run
 from tests.dashboard.conftest import LoggedIn
-from tests.server.conftest import Server, start_server
+from tests.server.conftest import Server, make_token, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -219,6 +220,34 @@ def test_a_call_waiting_for_a_person_is_answered_from_the_page(
     assert "denied: not on a Friday" in answer
     names = [e["name"] for e in api.get(f"/v1/runs/{denied}/events").json()["events"]]
     assert names.count("tool.denied") == 1 and "tool.approved" not in names
+
+
+def test_a_page_whose_token_is_revoked_stops_following_and_says_so(
+    api: httpx.Client, logged_in: LoggedIn, client: Client
+) -> None:
+    # Given a job page following a job that waits for a person
+    token = make_token(client, "acme", "read", "dash-revoked")
+    page = logged_in(token)
+    job_id = _submit(api, "travel-desk", "revoke the page")
+    try:
+        page.goto(f"/dashboard/jobs/{job_id}")
+        expect(page.locator("li.approval")).to_contain_text("book_flight", timeout=30000)
+        expect(page.locator("#live-state")).to_have_text("Live.")
+
+        # When its token is revoked
+        with client.runtime.session() as session:
+            assert token_sql.revoke(session, token.split("_")[1]) == 1
+
+        # Then the page says so within the bound and does not reconnect
+        expect(page.locator("#live-state")).to_have_text(
+            "The token is no longer valid (the token was revoked); log in again.",
+            timeout=10000,
+        )
+        connections = page.evaluate("window.chorusLive.connections")
+        page.wait_for_timeout(3000)
+        assert page.evaluate("window.chorusLive.connections") == connections
+    finally:
+        api.post(f"/v1/jobs/{job_id}/cancel")
 
 
 def test_a_hostile_call_is_shown_as_its_text_and_runs_nothing(

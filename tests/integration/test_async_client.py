@@ -24,6 +24,7 @@ from orchestrator.errors import (
     ToolOutputNotFound,
     UnknownAgentError,
 )
+from orchestrator.store.tables import Conversation
 from schemas import EventName, TurnStatus
 from tests.conftest import worker_env
 
@@ -78,9 +79,9 @@ def test_a_live_follower_sees_every_event_once_in_order(settings: Settings, work
     assert live[-1].name is EventName.TURN_COMPLETED
 
 
-def test_conversation_operations(settings: Settings, workers: Any) -> None:
+def test_conversation_operations(settings: Settings, client: Client, workers: Any) -> None:
     async def body(ac: AsyncClient) -> dict[str, Any]:
-        first = await ac.submit("quick", "one")
+        first = await ac.submit("quick", "one", tenant="acme")
         await first.result(timeout=60)
         conv = first.conversation_id
         entry = await ac.send(conv, "two")
@@ -95,7 +96,7 @@ def test_conversation_operations(settings: Settings, workers: Any) -> None:
         out["usage"] = await ac.usage(conv)
         out["plan"] = await ac.plan(conv)
         out["same"] = (await ac.job(first.id)).conversation_id == conv
-        fork = await ac.fork(conv)
+        fork = await ac.fork(conv, tenant="acme")
         out["forked"] = await ac.history(fork)
         out["cleared"] = await ac.clear(fork)
         out["loaded"] = await ac.load(fork, out["history"][:2])
@@ -111,6 +112,10 @@ def test_conversation_operations(settings: Settings, workers: Any) -> None:
             [e async for e in first.events(since=-1)]
         with pytest.raises(UnknownAgentError):
             await ac.submit("no-such-agent", "hi")
+        with pytest.raises(InvalidRequestError) as caught:  # the conversation's is its root's
+            await ac.submit("quick", "three", conversation_id=conv, tenant="globex")
+        assert caught.value.fields == ["tenant"]
+        out["ids"] = (conv, fork)
         return out
 
     out = run(settings, body)
@@ -118,6 +123,8 @@ def test_conversation_operations(settings: Settings, workers: Any) -> None:
     assert len(out["history"]) == 4 and out["forked"] == out["history"]
     assert out["usage"].input_tokens >= 0 and out["plan"] == [] and out["same"]
     assert out["cleared"] == 4 and out["loaded"] == 2 and out["queue"] == 0
+    with client.runtime.session() as session:  # stored with each new conversation
+        assert [session.get(Conversation, c).tenant for c in out["ids"]] == ["acme", "acme"]
 
 
 def test_cancel_ends_a_waiting_result(settings: Settings, workers: Any) -> None:

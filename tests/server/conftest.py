@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -134,3 +135,41 @@ def job_of_message(http: httpx.Client, conversation_id: str, sent: httpx.Respons
             return str(job)
         time.sleep(0.1)
     raise AssertionError(f"message {entry} started no job")
+
+
+class Follower:
+    """An event stream read by a thread of its own: each frame with the
+    time it arrived (``time.monotonic()``), until the stream ends."""
+
+    def __init__(self, server: Server, token: str, path: str, **headers: str) -> None:
+        self.frames: list[tuple[float, dict[str, str]]] = []
+        self.status: int | None = None
+        self.ended = threading.Event()
+        self.ended_at = 0.0
+        args = (server.url, path, {**bearer(token), **headers})
+        threading.Thread(target=self._read, args=args, daemon=True).start()
+
+    def _read(self, url: str, path: str, headers: dict[str, str]) -> None:
+        try:
+            with (
+                httpx.Client(base_url=url, headers=headers, timeout=60) as http,
+                http.stream("GET", path) as answer,
+            ):
+                self.status = answer.status_code
+                for frame in sse(answer.iter_lines()):
+                    self.frames.append((time.monotonic(), frame))
+        finally:
+            self.ended_at = time.monotonic()
+            self.ended.set()
+
+    def events(self) -> list[dict[str, str]]:
+        """The frames but keep-alive comments."""
+        return [f for _, f in self.frames if "comment" not in f]
+
+    def wait_for(self, name: str, timeout: float = 30.0) -> None:
+        """Until an event ``name`` arrived."""
+        deadline = time.monotonic() + timeout
+        while not any(f.get("event") == name for f in self.events()):
+            assert not self.ended.is_set(), f"the stream ended before {name}: {self.events()}"
+            assert time.monotonic() < deadline, f"no {name} within {timeout} s"
+            time.sleep(0.05)

@@ -18,7 +18,17 @@ from starlette.types import Message
 from orchestrator import Client, Settings
 from orchestrator.server import errors
 from orchestrator.server.body_limit import MAX_BODY_BYTES, BodyLimit
-from tests.server.conftest import Server, bearer, job_of_message, make_token, start_server
+from orchestrator.store import token_sql
+from orchestrator.store.tables import Conversation
+from tests.server.conftest import (
+    Follower,
+    Server,
+    bearer,
+    job_of_message,
+    make_token,
+    start_server,
+)
+from tests.server.test_auth import revoked_stream_ended
 
 pytestmark = pytest.mark.integration
 
@@ -250,3 +260,97 @@ def test_a_body_that_never_ends_is_408_within_the_bound() -> None:
     assert out[0]["status"] == 408
     assert json.loads(out[1]["body"])["message"].startswith("the request body did not arrive")
     assert time.monotonic() - started < 3
+
+
+def test_revoked_tokens_lose_every_open_stream_and_cannot_resume(
+    server: Server, client: Client, acme: str
+) -> None:
+    """Revocation once ended no stream already open: a token leaked and
+    revoked (an admin's included) went on reading what it followed."""
+    # Given a submit token and an admin token of another tenant, each with
+    # many streams open: on a job that waits for a person and on one whose
+    # events keep coming
+    token = make_token(client, "acme", "submit", "leaked")
+    admin = make_token(client, "ops", "admin", "leaked-admin")
+    with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as http:
+        waiting = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "wait"}).json()
+        busy = http.post("/v1/jobs", json={"agent": "four-tools", "input": "steps=39"}).json()
+        try:
+            followers = [
+                Follower(server, who, path)
+                for who in (token, token, token, admin)
+                for path in (
+                    f"/v1/jobs/{waiting['job_id']}/events",
+                    f"/v1/conversations/{waiting['conversation_id']}/events",
+                    f"/v1/jobs/{busy['job_id']}/events?deltas=true",
+                    f"/v1/conversations/{busy['conversation_id']}/events",
+                )
+            ]
+            for follower in followers:
+                follower.wait_for("tool.started")
+            following = _threads(server)  # a thread each, and the server's own
+
+            # When both are revoked (what `chorus token revoke` runs)
+            with client.runtime.session() as session:
+                assert token_sql.revoke(session, token.split("_")[1]) == 1
+                assert token_sql.revoke(session, admin.split("_")[1]) == 1
+            revoked_at = time.monotonic()
+
+            # Then every stream ends within the bound with the 401 body, the
+            # busy job's while it still runs
+            for follower in followers:
+                revoked_stream_ended(follower, revoked_at)
+            assert http.get(f"/v1/jobs/{busy['job_id']}").json()["status"] == "running"
+
+            # And a reconnect, however it names where it left off, is a 401
+            for who, follower in zip((token, admin), (followers[2], followers[-2]), strict=True):
+                last = [f["id"] for f in follower.events() if "id" in f][-1]
+                url = f"/v1/jobs/{busy['job_id']}/events"
+                for resumed in (
+                    httpx.get(server.url + url, headers={**bearer(who), "Last-Event-ID": last}),
+                    httpx.get(
+                        server.url + url, headers=bearer(who), params={"last_event_id": last}
+                    ),
+                    httpx.get(server.url + url, cookies={"chorus_token": who}),
+                ):
+                    assert resumed.status_code == 401, resumed.text
+                    assert resumed.json()["type"] == "AuthenticationError"
+                    assert resumed.headers["WWW-Authenticate"] == "Bearer"
+
+            # And their follower threads end (at their follow's next quiet
+            # period; a few threads of the server's pools may have started since)
+            deadline = time.monotonic() + 30
+            while _threads(server) > following - 10 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert _threads(server) <= following - 10
+        finally:
+            for job in (waiting, busy):
+                http.post(f"/v1/jobs/{job['job_id']}/cancel")
+
+
+def test_a_tenant_cannot_be_claimed_by_any_field_of_a_request(
+    server: Server, client: Client, acme: str
+) -> None:
+    with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as http:
+        # not as a field of the submit
+        claimed = http.post("/v1/jobs", json={"agent": "quick", "input": "x", "tenant": "globex"})
+        assert claimed.status_code == 422, claimed.text
+        assert claimed.json()["fields"] == ["tenant"]
+        # nor in the context_data of a submit or of a message sent later
+        hostile = {"tenant": "globex", "x": 1}
+        job = http.post(
+            "/v1/jobs", json={"agent": "tenant-echo", "input": "one", "context_data": hostile}
+        ).json()
+        first = http.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 20}).json()
+        conversation = job["conversation_id"]
+        sent = http.post(
+            f"/v1/conversations/{conversation}/messages",
+            json={"text": "two", "context_data": hostile},
+        )
+        second = job_of_message(http, conversation, sent)
+        later = http.get(f"/v1/jobs/{second}/result", params={"wait": 20}).json()
+    for answer in (first, later):
+        assert json.loads(answer["output"]) == {"tenant": "acme", "x": 1}
+    with client.runtime.session() as session:
+        root = session.get(Conversation, conversation)
+        assert root is not None and root.tenant == "acme"

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 
 import httpx
 import pytest
+from sqlmodel import col, select
 from typer.testing import CliRunner
 
 from orchestrator import Client, Settings
 from orchestrator.cli import app
 from orchestrator.errors import InvalidRequestError
+from orchestrator.store.tables import Conversation, Turn
 from tests.integration.test_liveness import _chorus
-from tests.server.conftest import Server, bearer, make_token
+from tests.server.conftest import KEEPALIVE, Follower, Server, bearer, make_token
 
 pytestmark = pytest.mark.integration
 
@@ -122,6 +126,57 @@ def test_the_tenant_is_the_tokens_and_other_tenants_see_nothing(
         assert {j["tenant"] for j in acme_jobs} == {"acme"}
 
 
+def test_a_job_is_its_tenants_from_the_first_moment_it_exists(
+    server: Server, client: Client, acme: str
+) -> None:
+    """The tenant was stamped on a submitted job's conversation by a second
+    transaction: a reader between the two (or a crash) saw a job of no tenant."""
+    marker = uuid.uuid4().hex
+    seen: dict[str, tuple[str | None, str]] = {}
+    done = threading.Event()
+
+    def watch() -> None:  # every turn of this test, as soon as it can be read
+        query = (
+            select(Turn.id, Conversation.tenant, Turn.context_data)
+            .join(Conversation, col(Conversation.id) == col(Turn.root_id))
+            .where(col(Turn.input_text).startswith(marker))
+        )
+        while not done.is_set():
+            with client.runtime.session() as session:
+                for turn_id, tenant, data in session.exec(query).all():
+                    seen.setdefault(turn_id, (tenant, data["tenant"]))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        with _http(server, acme) as http:
+            jobs = []
+            for i in range(20):
+                job = http.post(
+                    "/v1/jobs",
+                    json={
+                        "agent": "quick",
+                        "input": f"{marker} {i}",
+                        "context_data": {"tenant": "globex"},  # hostile: replaced
+                    },
+                )
+                assert job.status_code == 201, job.text
+                jobs.append(job.json())
+            http.get(f"/v1/jobs/{jobs[0]['job_id']}/result", params={"wait": 20})
+            forked = http.post(f"/v1/conversations/{jobs[0]['conversation_id']}/fork")
+    finally:
+        time.sleep(0.2)
+        done.set()
+        watcher.join(10)
+    assert set(seen) == {job["job_id"] for job in jobs}
+    # never a moment without its tenant, and context_data's is the token's too
+    assert set(seen.values()) == {("acme", "acme")}
+    assert forked.status_code == 201, forked.text
+    with client.runtime.session() as session:
+        copy = session.get(Conversation, forked.json()["conversation_id"])
+        assert copy is not None and copy.tenant == "acme"
+
+
 @pytest.mark.long
 def test_tokens_from_the_cli_work_until_revoked_and_are_never_shown_again(
     server: Server, settings: Settings, client: Client
@@ -161,6 +216,68 @@ def test_tokens_from_the_cli_work_until_revoked_and_are_never_shown_again(
             ApiToken, next(r.id for r in session.query(ApiToken) if r.prefix == prefix)
         )
         assert row is not None and secret not in row.hash and row.revoked_at is not None
+
+
+#: How long after its token's revocation a test server's stream may still
+#: run: the check interval (the test server's keep-alive is shorter than
+#: RECHECK), and slack for a loaded machine.
+REVOKED_WITHIN = KEEPALIVE + 2.0
+
+
+def revoked_stream_ended(follower: Follower, revoked_at: float) -> None:
+    """``follower``'s stream ended within the bound with the 401 body, and
+    not one frame came after that (or after the bound)."""
+    assert follower.ended.wait(REVOKED_WITHIN + 5), "the revoked token's stream is still open"
+    assert follower.ended_at - revoked_at < REVOKED_WITHIN
+    *_, error, end = follower.events()
+    assert error["event"] == "error" and end["event"] == "end"
+    assert json.loads(error["data"]) == {
+        "type": "AuthenticationError",
+        "message": "the token was revoked",
+        "fields": [],
+    }
+    assert all(at - revoked_at < REVOKED_WITHIN for at, _ in follower.frames)
+
+
+@pytest.mark.long
+def test_a_revoked_tokens_open_streams_end_within_the_bound(
+    server: Server, settings: Settings, client: Client, acme: str
+) -> None:
+    # Given a token following a job that waits for a person, by its job's
+    # stream and its conversation's, and another token following it too
+    token = make_token(client, "acme", "submit", "to-be-revoked")
+    with _http(server, token) as http:
+        job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "revoke me"}).json()
+    streams = [
+        Follower(server, token, f"/v1/jobs/{job['job_id']}/events"),
+        Follower(server, token, f"/v1/conversations/{job['conversation_id']}/events"),
+    ]
+    other = Follower(server, acme, f"/v1/jobs/{job['job_id']}/events")
+    for follower in (*streams, other):
+        follower.wait_for("tool.approval_requested")
+
+    # When the token is revoked with the CLI
+    revoked = _chorus(settings, "token", "revoke", token.split("_")[1])
+    revoked_at = time.monotonic()
+    assert revoked.returncode == 0, revoked.stderr
+
+    # Then its streams end within the bound, saying why
+    for follower in streams:
+        assert follower.status == 200
+        revoked_stream_ended(follower, revoked_at)
+    # and the other token's stream goes on: it sees the call answered and the turn end
+    assert not other.ended.is_set()
+    with _http(server, acme) as http:
+        [call] = http.get(
+            "/v1/approvals", params={"conversation_id": job["conversation_id"]}
+        ).json()
+        answer = http.post(f"/v1/approvals/{call['call_id']}", json={"decision": "approve"})
+        assert answer.status_code == 200, answer.text
+    assert other.ended.wait(30)
+    names = [f["event"] for f in other.events()]
+    assert names[-2:] == ["turn.completed", "end"] and "tool.approved" in names
+    for follower in streams:  # none of what happened after reached the revoked token
+        assert "tool.approved" not in [f.get("event") for f in follower.events()]
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from orchestrator import Client
+from orchestrator import Client, Settings
+from orchestrator.errors import AuthenticationError, ChorusError, ServiceUnavailableError
+from orchestrator.server.revocations import Revocations
+from orchestrator.store import token_sql
 from tests.server.conftest import job_of_message, sse
 
 pytestmark = pytest.mark.integration
@@ -98,3 +102,37 @@ def test_a_bad_last_event_id_is_refused(api: httpx.Client) -> None:
     answer = api.get(f"/v1/jobs/{job['job_id']}/events", headers={"Last-Event-ID": "abc"})
     assert answer.status_code == 422
     assert answer.json()["fields"] == ["Last-Event-ID"]
+
+
+def _ended_by(client: Client, token_id: str) -> ChorusError | None:
+    """What one check of the open streams' tokens ends a stream of ``token_id`` with."""
+
+    async def once() -> ChorusError | None:
+        watch = Revocations(client, every=1.0)
+        with watch.watching(token_id) as ended:
+            await watch.check()
+            return ended.result() if ended.done() else None
+
+    return asyncio.run(once())
+
+
+def test_a_stream_whose_token_is_gone_or_cannot_be_checked_ends(
+    client: Client, settings: Settings, acme: str
+) -> None:
+    with client.runtime.session() as session:
+        principal = token_sql.verify(session, acme)
+    assert principal is not None
+    # a valid token's stream goes on; one whose token is gone (deleted) ends, 401
+    assert _ended_by(client, principal.token_id) is None
+    assert isinstance(_ended_by(client, "no-such-token"), AuthenticationError)
+    # and when Postgres cannot be reached, nothing is served unchecked: 503
+    away = settings.model_copy(
+        update={"database_url": "postgresql+psycopg://postgres@127.0.0.1:9/away"}
+    )
+    unreachable = Client(away)
+    try:
+        ended = _ended_by(unreachable, principal.token_id)
+    finally:
+        unreachable.close()
+    assert isinstance(ended, ServiceUnavailableError)
+    assert "checking the token failed" in str(ended)

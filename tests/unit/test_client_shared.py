@@ -43,6 +43,11 @@ def event(name: EventName, seq: int | None, **data: Any) -> Event:
         (args.since, -1, "since"),
         (args.since, 2**63, "since"),
         (lambda v: args.flag(v, "deltas"), "yes", "deltas"),
+        (args.valid_tenant, "", "tenant"),
+        (args.valid_tenant, "t" * 65, "tenant"),
+        (args.valid_tenant, "nul\x00", "tenant"),
+        # a job continuing a conversation belongs to its root's tenant
+        (lambda v: args.job_request("quick", "hi", "conv", None, None, None, 5, v), "a", "tenant"),
     ],
 )
 def test_bad_arguments_name_their_field(check: Any, value: object, field: str) -> None:
@@ -65,6 +70,8 @@ def test_requests_are_checked_as_submit_and_send_check_them() -> None:
         args.message_options(None, None, -1)
     request = args.job_request("quick", "hi", None, None, "k", None, 5)
     assert request.context_data == {} and request.idempotency_key == "k"
+    assert request.tenant is None
+    assert args.job_request("quick", "hi", None, None, None, None, 5, "acme").tenant == "acme"
 
 
 class Trip(BaseModel):

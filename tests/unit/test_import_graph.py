@@ -37,6 +37,7 @@ LAYERS = {
     "orchestrator.logs": "foundation",
     "orchestrator.patterns": "foundation",
     "orchestrator.lazy": "foundation",
+    "orchestrator.periodic": "foundation",
     "orchestrator.tracing": "foundation",
     "orchestrator.trace_context": "foundation",
     "orchestrator.trace_export": "foundation",

@@ -118,7 +118,13 @@
       if (done) { finish("Finished."); } else { retry("The stream ended early"); }
     });
     source.addEventListener("error", function (e) {
-      retry(e.data ? "The stream failed: " + JSON.parse(e.data).message : "Connection lost");
+      const error = e.data ? JSON.parse(e.data) : null;
+      // a revoked token: reconnecting would only be refused (401)
+      if (error && error.type === "AuthenticationError") {
+        finish("The token is no longer valid (" + error.message + "); log in again.");
+        return;
+      }
+      retry(error ? "The stream failed: " + error.message : "Connection lost");
     });
   }
 

@@ -1,0 +1,96 @@
+"""What running workers register, as clients that import no worker module
+see it: a name no running worker registers any more is refused at submit
+within CHORUS_REGISTRATION_TTL (plus a client's 5 s cache), not accepted as
+a job that then fails at its worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import Client, Settings, published, registry
+from orchestrator.errors import UnknownAgentError
+from orchestrator.runtime import Runtime
+from orchestrator.store.migrate import upgrade
+from tests.conftest import ROOT, WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+#: The module of an agent only the tests' own worker registers.
+RETIRED = "tests.retired_agents"
+
+
+@pytest.mark.long
+def test_an_agent_whose_last_worker_stopped_is_refused_within_the_bound(
+    settings: Settings, client: Client, workers: Any
+) -> None:
+    # Given a worker that registers one agent more than the rest of the fleet
+    # (this process does not declare it: it knows it from what workers published)
+    more = settings.model_copy(update={"modules": [*settings.modules, RETIRED]})
+    worker = WorkerProcess(more, "retiring", "-Q", "retiring", "-P", "threads", "-c", "1")
+    try:
+        worker.wait_ready(client)
+        assert "retired" not in registry.agent_names()
+        client.submit("retired", "while it runs").cancel()  # accepted
+    finally:
+        worker.stop()
+    stopped = time.monotonic()
+
+    # When the rest of the fleet runs on without it, a submit naming it is
+    # refused, by name, within the bound
+    bound = settings.registration_ttl + published.FRESH_FOR + 5.0
+    while True:
+        try:
+            client.submit("retired", "after it stopped").cancel()
+        except UnknownAgentError as exc:
+            refused, took = exc, time.monotonic() - stopped
+            break
+        assert time.monotonic() - stopped < bound, "still accepted past the bound"
+        time.sleep(0.2)
+    assert took < bound
+    assert refused.name == "retired" and "'quick'" in str(refused)
+    # and the fleet's own agents are submitted as before
+    assert client.submit("quick", "still here").result(timeout=60) == "ok: still here"
+
+
+_PUBLISH_RETIRED = f"""
+import sys
+from orchestrator import Settings, published, registry
+from orchestrator.runtime import Runtime
+registry.load_modules([{RETIRED!r}])
+print(published.publish(Runtime(Settings(database_url=sys.argv[1]))))
+"""
+
+
+def test_on_sqlite_a_name_nobody_marks_expires_and_one_marked_stays(tmp_path: Path) -> None:
+    # Given `chorus local`'s SQLite, where a worker published an agent and stopped
+    url = f"sqlite:///{tmp_path / 'chorus.db'}"
+    upgrade(url)
+    started = subprocess.run(
+        [sys.executable, "-c", _PUBLISH_RETIRED, url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.stdout.strip() == "1", started.stderr[-2000:]
+    rt = Runtime(Settings(database_url=url, registration_ttl=1.0))
+    published.learn(rt)
+    assert registry.knows_agent("retired")
+
+    # When this process (another worker, registering the tests' agents)
+    # publishes and marks its own while the TTL passes
+    registry.load_modules(["tests.agents"])
+    assert published.publish(rt) > 0
+    assert published.refresh(rt, 1.0) == 0  # marked just now: nothing to do
+    time.sleep(1.2)
+    assert published.refresh(rt, 1.0) > 0
+
+    # Then the stopped worker's agent is unknown
+    published.learn(rt)
+    assert not registry.knows_agent("retired")
