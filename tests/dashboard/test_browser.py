@@ -1,10 +1,11 @@
 """The dashboard in Chromium: a job's shape, live events across a dropped
-stream (and a server restart, behind ``-m slow``), cancel, approvals, what
-a read-only token and another tenant see, a big run."""
+stream (and a server restart, behind ``-m slow``), cancel, approvals and
+their waits, what a read-only token and another tenant see, a big run."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -286,6 +287,15 @@ def test_a_call_waiting_for_a_person_is_answered_from_the_page(
     expect(page.locator("#job-status")).to_have_text("completed", timeout=30000)
     expect(page.locator("li.approval")).to_have_count(0)
     assert "booked LIS-123" in api.get(f"/v1/jobs/{approved}/result").json()["output"]
+    # and its timeline draws the wait for a person apart from queue and run
+    # time, and the first token of each model call
+    lane = page.locator('.step[data-step="0"] .lane[data-tool="book_flight"]')
+    waited = lane.locator('.bar.wait[data-reason="approval"]')
+    expect(waited).to_have_attribute("title", re.compile(r"approved by dash-acme\)$"))
+    expect(lane.locator(".approval-label")).to_contain_text("approval")
+    expect(lane.locator(".bar.queue")).to_have_count(2)  # claimed, then run once approved
+    expect(lane.locator(".bar.run")).to_have_count(1)
+    expect(page.locator(".model-row .tick.ttft")).to_have_count(2)  # both steps streamed
 
     # And the other is denied only with a reason, which the model gets
     page.goto(f"/dashboard/jobs/{denied}")
