@@ -1,6 +1,7 @@
 """The dashboard in Chromium: a job's shape, live events across a dropped
-stream (and a server restart, behind ``-m slow``), cancel, approvals and
-their waits, what a read-only token and another tenant see, a big run."""
+stream (and a server restart, behind ``-m slow``), streamed text, cancel,
+approvals and their waits, what a read-only token and another tenant see,
+a big run."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, Route, expect
 
 from orchestrator import Client, Settings
+from orchestrator.server import tenants
+from schemas import AgentSpec
 from tests.approval_agents import HOSTILE_FLIGHT
 from tests.conftest import ROOT
 from tests.dashboard.bigrun import EVENTS, store_big_run
 from tests.dashboard.conftest import LoggedIn
 from tests.dashboard.relay import Relay
+from tests.loopback_llm import LoopbackLLM
 from tests.server.conftest import Server, start_server
 
 pytestmark = pytest.mark.integration
@@ -216,6 +220,50 @@ def test_a_running_job_updates_live_and_resumes_after_the_server_restarts(
     expect(page.locator("#live-state")).to_have_text("Finished.", timeout=30000)
     expect(page.locator("#job-status")).to_have_text("completed", timeout=1)
     _follows_to_the_end(page, api, job_id)
+
+
+#: What the streaming model says, a word every 0.1 s.
+SPOKEN = " ".join(f"w{i}" for i in range(40))
+
+
+def test_streamed_text_appears_as_it_comes_and_the_reply_replaces_it(
+    logged_in: LoggedIn, tokens: dict[str, str], client: Client
+) -> None:
+    with LoopbackLLM() as model:
+        # Given the page of a job whose model streams its answer slowly
+        model.enqueue_text(SPOKEN, chunk_delay=0.1, delay=1.0)
+        spec = AgentSpec(
+            name="dash-streamer",
+            model="openai/loopback-model",
+            model_settings={"api_base": model.base_url},
+        )
+        job = client.submit(spec, "talk slowly", context_data={"tenant": "acme"})
+        tenants.stamp(client, job.root_id, "acme")  # as a submit over HTTP with acme's token
+        page = logged_in(tokens["acme"])
+        page.goto(f"/dashboard/jobs/{job.id}")
+
+        # When it streams, part of its text is on the page while the call runs
+        partial = page.wait_for_function(
+            """() => {
+              const b = document.querySelector('#stream .live-text[data-state="streaming"]');
+              const text = b ? b.querySelector("pre").textContent : "";
+              return text.split(" ").length > 2 ? text : null;
+            }""",
+            timeout=30000,
+        ).json_value()
+        assert partial in SPOKEN and len(partial) < len(SPOKEN), partial
+        block = page.locator("#stream .live-text")
+        expect(block.locator("h3")).to_contain_text("dash-streamer")  # named from the tree
+        expect(block.locator("h3")).to_contain_text("step 0")
+
+        # Then the reply as stored replaces it, and the model call's bar
+        # marks its first token
+        expect(block).to_have_attribute("data-state", "final", timeout=30000)
+        expect(block.locator("pre")).to_have_text(SPOKEN)
+    expect(page.locator("#live-state")).to_have_text("Finished.", timeout=15000)
+    expect(page.locator("#stream .live-text")).to_have_count(1)
+    mark = page.locator('.step[data-step="0"] .model-row .tick.ttft')
+    expect(mark).to_have_attribute("title", re.compile(r"^first token after [0-9.]+ m?s$"))
 
 
 def test_cancel_from_the_page_stops_the_tree(

@@ -1,8 +1,9 @@
 // The job page, live: one EventSource on the API's job stream, resumed
 // after the last event seq it saw (every event shown exactly once), the
-// summary, tree and timeline redrawn from the server as events arrive, and
-// the actions the token may take (cancel, send, answer a call waiting for
-// approval) as plain API calls.
+// summary, tree and timeline redrawn from the server as events arrive, the
+// text each model call streams shown as it comes, and the actions the
+// token may take (cancel, send, answer a call waiting for approval) as
+// plain API calls.
 (function () {
   "use strict";
   const job = document.getElementById("job");
@@ -22,7 +23,6 @@
   const state = document.getElementById("live-state");
   const log = document.getElementById("events");
   const view = document.getElementById("view");
-  const stream = document.getElementById("stream");
   const seen = new Set();
   log.querySelectorAll("li[data-seq]").forEach(function (li) { seen.add(Number(li.dataset.seq)); });
   let last = Number(job.dataset.lastSeq || 0);
@@ -117,6 +117,58 @@
     log.append(li);
   }
 
+  // The text of each conversation's current model call as it streams
+  // (assistant.delta, live only), replaced by the reply as stored
+  // (assistant.message) when the call ends: one block a conversation.
+  const streams = document.getElementById("stream");
+  const idle = document.getElementById("stream-idle");
+  function block(event) {
+    const key = event.conversation_id;
+    let found = streams.querySelector('article[data-conversation="' + CSS.escape(key) + '"]');
+    if (!found) {
+      found = document.createElement("article");
+      found.className = "live-text";
+      found.dataset.conversation = key;
+      const pre = document.createElement("pre");
+      pre.setAttribute("aria-live", "off");
+      found.append(document.createElement("h3"), pre);
+      streams.append(found);
+      if (idle) idle.hidden = true;
+    }
+    if (found.dataset.step !== String(event.step)) {  // a new call: its own text
+      found.dataset.step = String(event.step);
+      found.querySelector("pre").textContent = "";
+    }
+    return found;
+  }
+  function label(found, what) {
+    const node = view.querySelector(
+      'li.node[data-conversation="' + CSS.escape(found.dataset.conversation) + '"]');
+    const agent = node ? node.dataset.agent + " " : "";
+    found.querySelector("h3").textContent = agent + found.dataset.conversation.slice(0, 8) +
+      " · step " + found.dataset.step + " · " + what;
+  }
+  function streamed(event) {
+    const found = block(event);
+    if (found.dataset.state !== "streaming") {
+      found.dataset.state = "streaming";
+      label(found, "streaming…");
+    }
+    found.querySelector("pre").append(event.data.text);
+  }
+  function replied(event) {
+    const data = event.data || {};
+    const text = typeof data.text === "string" ? data.text : "";
+    const open = streams.querySelector(
+      'article[data-conversation="' + CSS.escape(event.conversation_id) + '"]');
+    if (!text && !open) return;  // no text, and none was streamed before: nothing to show
+    const found = block(event);
+    found.dataset.state = "final";
+    const calls = Number(data.tool_calls || 0);
+    label(found, "reply" + (calls ? " (and " + calls + " tool call" + (calls > 1 ? "s" : "") + ")" : ""));
+    found.querySelector("pre").textContent = text;
+  }
+
   // The job's turn ended and the stream with it: the banner says so when
   // a redraw after it lands (settle).
   function finish() {
@@ -129,7 +181,7 @@
   function handle(message) {
     const event = JSON.parse(message.data);
     if (event.seq === null || event.seq === undefined) {
-      if (event.data && typeof event.data.text === "string") stream.textContent += event.data.text;
+      if (event.data && typeof event.data.text === "string") streamed(event);
       return;
     }
     if (seen.has(event.seq)) { live.duplicates += 1; return; }
@@ -137,6 +189,7 @@
     last = Math.max(last, event.seq);
     if (event.turn_id === id && terminal.indexOf(event.name) >= 0) done = true;
     append(event);
+    if (event.name === "assistant.message") replied(event);
     if (event.name !== "usage") refresh();
   }
 
