@@ -13,6 +13,12 @@ def cancelled(prefix: str, correlation_id: str) -> str:
     return f"{prefix}:cancel:{correlation_id}"
 
 
+def rate_hold(prefix: str, conversation_id: str, turn_id: str, step: int, attempt: int) -> str:
+    """When a step's model call (its ``attempt``) was first deferred by the
+    agent's rate limits (:mod:`orchestrator.ratelimit`); gone once admitted."""
+    return f"{prefix}:rate-hold:{conversation_id}:{turn_id}:{step}:{attempt}"
+
+
 def events_stream(prefix: str, root_id: str) -> str:
     """The live event stream of one conversation tree."""
     return f"{prefix}:events:{root_id}"

@@ -12,6 +12,10 @@ just before it is sent, and it counts in its window for the limit's period
 plus an allowance for the time it may still take to reach the provider
 (``CHORUS_RATE_LIMIT_ALLOWANCE``): the provider's window never holds more
 than the limit. Tokens are those of the whole request (:func:`request_tokens`).
+
+A step's call deferred by the limits leaves a mark in Redis with the time
+of its first deferral; its admission deletes it and tells how long the call
+was held, which ``llm.requested`` records (``rate_limited_seconds``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -29,17 +33,24 @@ from schemas import RateLimit
 
 log = logging.getLogger(__name__)
 
-# KEYS: one sorted set per limit. ARGV: (period, max_requests, max_tokens,
-# tokens) per key (0 = no limit), then an id. Time is Redis's own clock, read
-# inside the script, so every worker's entries share one clock and are
-# stamped in the order they are admitted. Members are
-# "<id>:r:<tokens>" for an admitted call, "<id>:t:<tokens>" for tokens
-# counted after it (its output).
+# KEYS: one sorted set per limit, then the call's hold mark if ARGV's last
+# is a time to live above 0. ARGV: (period, max_requests, max_tokens,
+# tokens) per limit key (0 = no limit), then an id, then that time to live.
+# Time is Redis's own clock, read inside the script, so every worker's
+# entries share one clock and are stamped in the order they are admitted.
+# Members are "<id>:r:<tokens>" for an admitted call, "<id>:t:<tokens>" for
+# tokens counted after it (its output). The hold mark holds when the call
+# was first deferred: a deferral sets it (if unset), the admission reads
+# and deletes it, and answers how long the call was held.
 _ADMIT = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local mark_ttl = tonumber(ARGV[#ARGV])
+local limits = #KEYS
+if mark_ttl > 0 then limits = limits - 1 end
 local wait = 0
-for i, key in ipairs(KEYS) do
+for i = 1, limits do
+  local key = KEYS[i]
   local base = (i - 1) * 4
   local period = tonumber(ARGV[base + 1])
   local max_requests = tonumber(ARGV[base + 2])
@@ -60,14 +71,45 @@ for i, key in ipairs(KEYS) do
     if until_free > wait then wait = until_free end
   end
 end
-if wait > 0 then return string.format('%.6f %.6f', wait, now) end
-for i, key in ipairs(KEYS) do
-  local base = (i - 1) * 4
-  redis.call('ZADD', key, now, ARGV[#ARGV] .. ':r:' .. ARGV[base + 4])
-  redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[base + 1]) * 1000) + 1000)
+if wait > 0 then
+  if mark_ttl > 0 then
+    redis.call('SET', KEYS[#KEYS], string.format('%.6f', now), 'NX')
+    redis.call('PEXPIRE', KEYS[#KEYS], math.ceil((wait + mark_ttl) * 1000))
+  end
+  return string.format('%.6f %.6f 0', wait, now)
 end
-return string.format('0 %.6f', now)
+for i = 1, limits do
+  local base = (i - 1) * 4
+  redis.call('ZADD', KEYS[i], now, ARGV[#ARGV - 1] .. ':r:' .. ARGV[base + 4])
+  redis.call('PEXPIRE', KEYS[i], math.ceil(tonumber(ARGV[base + 1]) * 1000) + 1000)
+end
+local held = 0
+if mark_ttl > 0 then
+  local since = redis.call('GET', KEYS[#KEYS])
+  if since then
+    held = now - tonumber(since)
+    redis.call('DEL', KEYS[#KEYS])
+  end
+end
+return string.format('0 %.6f %.6f', now, held)
 """
+
+#: How long a call's hold mark outlives the deferral that set it: the
+#: step sent again with its countdown may wait that much longer for a
+#: worker (a busy queue, a sweep) and still be told how long it was held.
+HOLD_MARK_SECONDS = 3600.0
+
+
+class Admission(NamedTuple):
+    """What :func:`admit` answered."""
+
+    #: Seconds to wait before asking again (0: admitted).
+    wait: float
+    #: Redis's time of the answer.
+    now: float
+    #: Admitted: seconds since the call's first deferral (its hold mark),
+    #: 0 if it was never deferred (or no mark was asked for).
+    held: float = 0.0
 
 
 class RateLimited(Exception):
@@ -96,7 +138,8 @@ def admit(
     context: Mapping[str, Any],
     prompt_tokens: int,
     allowance: float = 0.0,
-) -> tuple[float, float]:
+    mark: str | None = None,
+) -> Admission:
     """Admit one call under every limit, or say how long to wait.
 
     ``allowance``: how long after admission the call may reach the provider
@@ -105,19 +148,27 @@ def admit(
     period: calls admitted a period apart can reach the provider closer
     together than that, in a window the provider counts.
 
-    Returns ``(wait_seconds, now)``: 0 when admitted (and counted) at
-    ``now``, Redis's time.
+    ``mark``: the call's hold mark (:func:`orchestrator.keys.rate_hold`),
+    set at its first deferral, so that its admission, in another task,
+    answers how long the limits held it (in the same script: no round
+    trip more).
+
+    Returns the :class:`Admission`: ``wait`` 0 when admitted (and counted)
+    at ``now``, Redis's time.
     """
     if not limits:
-        return 0.0, time.time()
+        return Admission(0.0, time.time())
     keys = [limit_key(prefix, lim, model, context) for lim in limits]
     args: list[Any] = []
     for lim in limits:
         counted = prompt_tokens if lim.count in ("input", "total") else 0
         args += [repr(lim.period + allowance), lim.requests or 0, lim.tokens or 0, counted]
     args.append(uuid.uuid4().hex)
-    wait, now = str(client.eval(_ADMIT, len(keys), *keys, *args)).split()
-    return float(wait), float(now)
+    if mark is not None:
+        keys.append(mark)
+    args.append(repr(HOLD_MARK_SECONDS) if mark is not None else "0")
+    wait, now, held = str(client.eval(_ADMIT, len(keys), *keys, *args)).split()
+    return Admission(float(wait), float(now), float(held))
 
 
 def record_output(

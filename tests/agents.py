@@ -1517,5 +1517,14 @@ register_script(  # followed live across a server restart: its tools outlast one
 )
 Agent("dash-slow", scripted_model("dash-slow"), tools=[timed])
 
+register_script(  # followed live while its stream drops and its redraws fail
+    "dash-brief",
+    [
+        Reply.call(*(call("timed", label=f"b{i}", seconds=3.0) for i in range(2))),
+        echo_results,
+    ],
+)
+Agent("dash-brief", scripted_model("dash-brief"), tools=[timed])
+
 
 from tests import approval_agents  # noqa: E402, F401  (the approval tests' tools and agents)

@@ -319,10 +319,12 @@ def _record_reply(
     reply: ModelReply,
     clocks: tuple[float, float],
 ) -> None:
-    """The events of a stored reply: ``llm.completed``, ``usage`` and
+    """The events of a stored reply: ``llm.completed`` (with the time to
+    its first streamed token, None if nothing streamed), ``usage`` and
     ``assistant.message``. ``clocks``: when the model call and the step began."""
     model_began, step_began = clocks
     now = time.monotonic()
+    first = reply.first_token_at
     outbox.record(
         EventName.LLM_COMPLETED,
         conv,
@@ -330,6 +332,7 @@ def _record_reply(
         step,
         seconds=round(now - model_began, 4),
         step_seconds=round(now - step_began, 4),
+        first_token_seconds=None if first is None else round(max(0.0, first - model_began), 4),
     )
     record_usage(outbox, conv, turn, step, reply.usage)
     outbox.record(

@@ -415,12 +415,14 @@ def _admit(
 ) -> float:
     """Ask the agent's rate limits (:class:`~orchestrator.policies.ratelimits.RateLimits`)
     to admit ``call``, a request of ``tokens`` built and about to be sent;
-    record ``llm.requested`` when they do. Returns how long to wait first
+    record ``llm.requested`` when they do (with how long they held the
+    call first, if they deferred it). Returns how long to wait first
     (0: admitted)."""
     limits = rate_limits(rt, tokens)
     decided = limits.before_model(call)
     if isinstance(decided, Defer):
         return decided.seconds
+    held = {"rate_limited_seconds": round(limits.held, 3)} if limits.held > 0 else {}
     outbox.record(
         EventName.LLM_REQUESTED,
         conv,
@@ -429,6 +431,7 @@ def _admit(
         model=call.model,
         admitted_at=limits.admitted_at,
         worker=_worker(),
+        **held,
     )
     return 0.0
 

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -183,14 +184,19 @@ def _stream(
     """The reply as a provider would stream it: text in word pieces, the stop
     polled before each; then the calls, parsed as a stream's are."""
     sent: list[str] = []
+    first: float | None = None  # when the first piece (or the calls) came
     for piece in [*text_pieces(reply.text), None]:  # None: the calls, after the text
         if should_stop is not None and should_stop():
-            return ModelReply(storable_text("".join(sent)), [], Usage(), stopped=True)
+            text = storable_text("".join(sent))
+            return ModelReply(text, [], Usage(), stopped=True, first_token_at=first)
         if piece is None:
             break
+        first = time.monotonic() if first is None else first
         sent.append(piece)
         if on_delta is not None:
             on_delta(piece)
+    if first is None and reply.tool_calls:
+        first = time.monotonic()
     calls = [
         ToolCallBlock(
             tool_request_id=storable_text(c.id or f"call_{uuid.uuid4().hex}"),
@@ -209,4 +215,5 @@ def _stream(
         tool_calls=calls,
         usage=usage,
         finish_reason="tool_calls" if calls else "stop",
+        first_token_at=first,
     )

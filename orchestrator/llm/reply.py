@@ -10,6 +10,7 @@ chunks, usage, finish reason, an early stop, and storable strings.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -49,6 +50,9 @@ class ModelReply:
         stopped: True if ``should_stop`` ended the stream early; then
             ``tool_calls`` is empty (partial calls are dropped) and ``text``
             is what arrived before the stop.
+        first_token_at: ``time.monotonic()`` when the first piece of the
+            reply (text, thinking or a tool call) arrived; None if none
+            streamed.
 
     Every string in it can be stored: a NUL or lone surrogate the model
     sent is replaced (:mod:`orchestrator.store.values`).
@@ -60,6 +64,7 @@ class ModelReply:
     thinking: str = ""
     finish_reason: str = ""
     stopped: bool = False
+    first_token_at: float | None = None
 
 
 def read_stream(
@@ -109,9 +114,11 @@ class _Collector:
     by_index: dict[int, int] = field(default_factory=dict)
     usage: Any = None
     finish_reason: str = ""
+    first_at: float | None = None
 
     def add(self, chunk: Any) -> str:
-        """Take one chunk; return its text piece ("" if none)."""
+        """Take one chunk; return its text piece ("" if none). The first
+        that carries any of the reply is timed (time to first token)."""
         usage = _field(chunk, "usage")
         if usage is not None:
             self.usage = usage
@@ -128,11 +135,14 @@ class _Collector:
         reasoning = _field(delta, "reasoning_content")
         if reasoning:
             self.thinking.append(reasoning)
-        for tool_call in _field(delta, "tool_calls") or []:
+        calls = _field(delta, "tool_calls") or []
+        for tool_call in calls:
             self._add_tool_call(tool_call)
         piece = _field(delta, "content") or ""
         if piece:
             self.text.append(piece)
+        if self.first_at is None and (piece or reasoning or calls):
+            self.first_at = time.monotonic()
         return piece
 
     def _add_tool_call(self, delta: Any) -> None:
@@ -167,6 +177,7 @@ class _Collector:
             thinking=storable_text("".join(self.thinking)),
             finish_reason=self.finish_reason,
             stopped=stopped,
+            first_token_at=self.first_at,
         )
 
 

@@ -5,11 +5,12 @@ on the shared test fleet."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Protocol
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, ViewportSize, sync_playwright
 
 from orchestrator import Client
 from tests.server.conftest import Server, bearer, make_token
@@ -52,16 +53,19 @@ def api(server: Server, tokens: dict[str, str]) -> Iterator[httpx.Client]:
         yield h
 
 
-LoggedIn = Callable[[str], Page]
+class LoggedIn(Protocol):
+    def __call__(self, token: str, url: str | None = None) -> Page: ...
 
 
 @pytest.fixture
 def logged_in(browser: Browser, server: Server) -> Iterator[LoggedIn]:
-    """A page of a fresh browser context, logged in with the token given."""
+    """A page of a fresh browser context, logged in with the token given
+    (at ``url``: the server's, unless another reaches it)."""
     contexts = []
 
-    def login(token: str) -> Page:
-        context = browser.new_context(base_url=server.url, viewport={"width": 1440, "height": 900})
+    def login(token: str, url: str | None = None) -> Page:
+        viewport: ViewportSize = {"width": 1440, "height": 900}
+        context = browser.new_context(base_url=url or server.url, viewport=viewport)
         contexts.append(context)
         page = context.new_page()
         page.goto("/dashboard/login")

@@ -58,6 +58,9 @@ def test_example_job_completes_and_postgres_tells_the_story(client: Client) -> N
     assert names.count("tool.started") == 4
     assert names.count("tool.completed") == 4
     assert names.count("llm.completed") == 2
+    # each streamed call says when its first token came, within the call
+    timed = [e.data for e in events if e.name == "llm.completed"]
+    assert all(0 <= t["first_token_seconds"] <= t["seconds"] for t in timed), timed
     turn = rows(client, Turn, id=job.id)[0]
     assert turn.status == TurnStatus.COMPLETED and turn.output == answer and turn.steps == 2
     assert turn.input_tokens > 0 and turn.output_tokens > 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import Client, Settings
+from orchestrator import Client, Settings, keys
 from orchestrator.ratelimit import admit, record_output
 from schemas import EventName, RateLimit
 from tests.agents import RATE
@@ -57,6 +57,11 @@ def test_two_workers_stay_within_a_requests_per_second_limit(
     # the calls were spread out by the limit, not dropped, and both workers took part
     assert admitted[-1] - admitted[0] >= (30 / RATE) - 1 - 0.05
     assert len({e.data["worker"] for e in requested}) == 2
+    # and each call the limit deferred says how long it was held, from no
+    # earlier than the burst began (calls admitted at once say nothing)
+    held = [e.data["rate_limited_seconds"] for e in requested if "rate_limited_seconds" in e.data]
+    assert len(held) >= 30 - 3 * RATE
+    assert all(0 < h <= admitted[-1] - admitted[0] + 1.0 for h in held)
 
 
 def test_token_window_defers_until_tokens_leave_it(client: Client) -> None:
@@ -65,13 +70,38 @@ def test_token_window_defers_until_tokens_leave_it(client: Client) -> None:
     limits = [RateLimit(tokens=100, period=0.5)]
     assert admit(rt.redis, prefix, limits, "m", {}, 60)[0] == 0
     assert admit(rt.redis, prefix, limits, "m", {}, 30)[0] == 0
-    wait, _ = admit(rt.redis, prefix, limits, "m", {}, 20)  # 110 > 100: deferred
+    wait = admit(rt.redis, prefix, limits, "m", {}, 20).wait  # 110 > 100: deferred
     assert 0 < wait <= 0.5
     time.sleep(wait + 0.01)
     assert admit(rt.redis, prefix, limits, "m", {}, 20)[0] == 0
     # a single call larger than the limit still goes through when the window is empty
     time.sleep(0.6)
     assert admit(rt.redis, prefix, limits, "m", {}, 500)[0] == 0
+
+
+def test_an_admission_says_how_long_its_call_was_held(client: Client) -> None:
+    # Given a window of one call a second, full, and a call's hold mark
+    rt = client.runtime
+    prefix = f"{rt.settings.redis_prefix}:h{uuid.uuid4().hex[:6]}"
+    limits = [RateLimit(requests=1, period=1.0)]
+    mark = keys.rate_hold(prefix, "conv", "turn", 3, 1)
+    assert admit(rt.redis, prefix, limits, "m", {}, 1).held == 0.0
+
+    # When the call is deferred twice, then admitted
+    first = admit(rt.redis, prefix, limits, "m", {}, 1, mark=mark)
+    time.sleep(first.wait / 2)
+    second = admit(rt.redis, prefix, limits, "m", {}, 1, mark=mark)
+    assert first.wait > 0 and second.wait > 0
+    time.sleep(second.wait + 0.01)
+    admitted = admit(rt.redis, prefix, limits, "m", {}, 1, mark=mark)
+
+    # Then it was held since its first deferral, and its mark is gone
+    assert admitted.wait == 0
+    assert admitted.held == pytest.approx(admitted.now - first.now, abs=1e-3)
+    assert admitted.held >= first.wait - 0.01
+    assert not rt.redis.exists(mark)
+    time.sleep(1.0)
+    assert admit(rt.redis, prefix, limits, "m", {}, 1, mark=mark).held == 0.0
 
 
 def test_output_tokens_are_counted_after_the_call(client: Client) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -172,6 +173,27 @@ def test_calls_in_flight_keep_their_connections_for_later_calls(
             server.enqueue_text("again")
             assert complete(MODEL, USER, None, _settings(server)).text == "again"
         assert server.connections == opened
+
+
+@pytest.mark.parametrize("path", ["auto", "litellm"])
+def test_the_first_token_is_timed_on_either_path(
+    server: LoopbackLLM, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    # Given a provider silent 0.3 s before it answers, then a piece every
+    # 0.05 s: text, then tool calls only, then nothing
+    monkeypatch.setenv("CHORUS_MODEL_CLIENT", path)
+    server.enqueue_text("one two three", delay=0.3, chunk_delay=0.05)
+    server.enqueue_tool_calls([("search", {"q": "x"})], delay=0.3, chunk_delay=0.05)
+    server.enqueue_text("")
+
+    # When each is read, the first piece is timed, whatever it is
+    for _ in range(2):
+        began = time.monotonic()
+        reply = complete(MODEL, USER, None, _settings(server))
+        assert reply.first_token_at is not None
+        assert began + 0.3 <= reply.first_token_at <= time.monotonic()
+    # and a reply of nothing streamed nothing
+    assert complete(MODEL, USER, None, _settings(server)).first_token_at is None
 
 
 def test_should_stop_abandons_the_stream(server: LoopbackLLM) -> None:

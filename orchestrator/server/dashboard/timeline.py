@@ -1,7 +1,9 @@
 """A job's events turned into what its page draws: per conversation, per
-step, the model call as a bar and the tool batch as lanes (queue wait apart
-from run time), segments ending at their barrier with the straggler named,
-waits with their reason, usage and failures.
+step, the model call as a bar (its first token marked) and the tool batch
+as lanes (queue wait, and a wait for a person's approval, apart from run
+time), segments ending at their barrier with the straggler named, waits
+with their reason (a retry's backoff, a provider's 429, the agent's own
+rate limits), usage and failures.
 
 Pure: events in (the API's JSON, as dicts), a view model out.
 """
@@ -34,6 +36,10 @@ class Span:
         return max(0.0, self.end - self.start)
 
 
+#: The reason of a wait for the agent's own rate limits or a provider's 429.
+RATE_LIMIT = "rate limit"
+
+
 @dataclass
 class Wait:
     """Time a step spent not running, and why (``retry backoff``, ``rate limit``...)."""
@@ -59,6 +65,10 @@ class Lane:
     child_conversation_id: str | None = None
     attempt: int = 1
     params: str = ""
+    asked: float | None = None  # it began to wait for a person (tool.approval_requested)
+    answered: float | None = None  # tool.approved or tool.denied
+    answer: str = ""  # "approved" or "denied"
+    answered_by: str = ""
 
     @property
     def name(self) -> str:
@@ -66,9 +76,28 @@ class Lane:
         return f"{self.tool}({self.params})"
 
     @property
-    def queue(self) -> Span | None:
-        """Requested → started: time it waited for a worker."""
-        return None if self.started is None else Span(self.requested, self.started)
+    def approval(self) -> Span | None:
+        """Asked → answered (or ended unanswered): its wait for a person."""
+        if self.asked is None:
+            return None
+        end = self.answered if self.answered is not None else self.finished
+        return Span(self.asked, end if end is not None else self.asked)
+
+    @property
+    def queues(self) -> list[Span]:
+        """Its waits for a worker: requested → started; for a call that
+        waited for a person, requested → asked and, once approved,
+        answered → started (the approval drawn apart)."""
+        if self.asked is None:
+            return [] if self.started is None else [Span(self.requested, self.started)]
+        waits = [Span(self.requested, self.asked)]
+        if self.answer == "approved" and self.answered is not None and self.started is not None:
+            waits.append(Span(self.answered, self.started))
+        return waits
+
+    @property
+    def queued(self) -> float:
+        return sum(span.seconds for span in self.queues)
 
     @property
     def run(self) -> Span | None:
@@ -113,6 +142,9 @@ class Step:
     waits: list[Wait] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     lanes: dict[str, Lane] = field(default_factory=dict)
+    #: Seconds from the model call's start to its first streamed token
+    #: (None: not streamed, or not known).
+    first_token: float | None = None
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
@@ -145,8 +177,16 @@ class Step:
             times.append(self.model.end)
         times += [w.span.end for w in self.waits]
         for lane in self.lanes.values():
-            times += [t for t in (lane.started, lane.finished) if t is not None]
+            moments = (lane.asked, lane.answered, lane.started, lane.finished)
+            times += [t for t in moments if t is not None]
         return max(times)
+
+    @property
+    def first_token_at(self) -> float | None:
+        """When the model call's first token came (on the step's scale)."""
+        if self.model is None or self.first_token is None:
+            return None
+        return self.model.start + self.first_token
 
     @property
     def seconds(self) -> float:
@@ -218,7 +258,14 @@ def _tool_event(step: Step, name: str, data: dict[str, Any], at: float) -> None:
         return
     if lane is None:
         return
-    if name in ("tool.started", "subagent.started"):
+    if name == "tool.approval_requested":
+        lane.asked = at if lane.asked is None else lane.asked
+        lane.status = "awaiting"
+    elif name in ("tool.approved", "tool.denied"):
+        lane.answered = at
+        lane.answer = lane.status = name.split(".", 1)[1]
+        lane.answered_by = str(data.get("by") or "")
+    elif name in ("tool.started", "subagent.started"):
         lane.started = at if lane.started is None else lane.started
         lane.attempt = int(data.get("attempt") or lane.attempt)
         lane.status = "running"
@@ -237,9 +284,16 @@ def _model_event(step: Step, name: str, data: dict[str, Any], at: float) -> None
     if name == "llm.requested":
         step.model_name = str(data.get("model", ""))
         step.model = Span(at, at)
+        held = float(data.get("rate_limited_seconds") or 0.0)
+        if held > 0:  # the agent's own rate limits deferred the call until now
+            detail = f"held {held:.1f} s by the agent's rate limits before it was sent"
+            step.waits.append(Wait(RATE_LIMIT, Span(at - held, at), detail))
+            step.begins = min(step.begins, at - held)
     elif name == "llm.completed":
         seconds = float(data.get("seconds") or 0.0)
         step.model = Span(at - seconds, at)
+        first = data.get("first_token_seconds")
+        step.first_token = None if first is None else float(first)
     elif name == "llm.failed":
         failure: dict[str, Any] = {
             "kind": "model",
@@ -251,7 +305,7 @@ def _model_event(step: Step, name: str, data: dict[str, Any], at: float) -> None
         step.failures.append(failure)
         retry = data.get("retry_in")
         if retry:
-            reason = "rate limit" if data.get("status") == 429 else "retry backoff"
+            reason = RATE_LIMIT if data.get("status") == 429 else "retry backoff"
             step.waits.append(Wait(reason, Span(at, at + float(retry)), failure["error"]))
     elif name == "usage":
         step.input_tokens += int(data.get("input_tokens") or 0)

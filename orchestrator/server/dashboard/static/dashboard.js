@@ -1,8 +1,9 @@
 // The job page, live: one EventSource on the API's job stream, resumed
 // after the last event seq it saw (every event shown exactly once), the
-// summary, tree and timeline redrawn from the server as events arrive, and
-// the actions the token may take (cancel, send, answer a call waiting for
-// approval) as plain API calls.
+// summary, tree and timeline redrawn from the server as events arrive, the
+// text each model call streams shown as it comes, and the actions the
+// token may take (cancel, send, answer a call waiting for approval) as
+// plain API calls.
 (function () {
   "use strict";
   const job = document.getElementById("job");
@@ -21,45 +22,79 @@
   ];
   const state = document.getElementById("live-state");
   const log = document.getElementById("events");
-  const stream = document.getElementById("stream");
+  const view = document.getElementById("view");
   const seen = new Set();
   log.querySelectorAll("li[data-seq]").forEach(function (li) { seen.add(Number(li.dataset.seq)); });
   let last = Number(job.dataset.lastSeq || 0);
   let source = null;
-  let ended = job.dataset.running !== "true";
+  let ended = job.dataset.running !== "true";  // the stream ended after the job's turn did
   let done = ended;  // the job's own turn ended (its terminal event was seen)
   const terminal = ["turn.completed", "turn.failed", "turn.cancelled"];
   let delay = 500;
-  let redraw = null;
   const live = { seen: seen, duplicates: 0, connections: 0, last: function () { return last; } };
   window.chorusLive = live;
 
-  // Redraw the summary, tree and timeline from the server, at most one
-  // request at a time; events arriving meanwhile ask for one more after it.
+  // Redraw the summary, tree and timeline from the server, one request at
+  // a time: a reason to redraw while one is in flight asks for one more
+  // after it, and a redraw that failed (an error answer, a dropped
+  // request, the server restarting) is tried again, after 500 ms doubling
+  // up to 2 s, until one lands. So the last redraw always lands, whatever
+  // order it and the stream's end come in.
+  const PAUSE = 250;
+  let wanted = false;  // a redraw is due
   let drawing = false;
-  let again = false;
-  let failures = 0;
-  function refresh() {
-    if (redraw !== null) return;
-    redraw = setTimeout(draw, 250);
+  let timer = null;
+  let backoff = PAUSE;
+  function refresh(after) {
+    wanted = true;
+    if (drawing || timer !== null) return;
+    timer = setTimeout(draw, after === undefined ? PAUSE : after);
   }
   async function draw() {
-    redraw = null;
-    if (drawing) { again = true; return; }
+    timer = null;
     drawing = true;
+    wanted = false;
+    let landed = false;
+    let refused = 0;
     try {
       const url = "/dashboard/jobs/" + encodeURIComponent(id) + "/view" + window.location.search;
-      const answer = await fetch(url, { credentials: "same-origin" });
+      const answer = await fetch(url, { credentials: "same-origin", cache: "no-store" });
       if (answer.ok) {
-        document.getElementById("view").innerHTML = await answer.text();
-        failures = 0;
-      } else if (failures < 5) { failures += 1; again = true; }  // e.g. a 503: try again
+        view.innerHTML = await answer.text();
+        landed = true;
+      } else if (answer.status >= 400 && answer.status < 500 && [408, 429].indexOf(answer.status) < 0) {
+        refused = answer.status;  // e.g. logged out: asking again would not help
+      }
     } catch (error) {
-      if (failures < 5) { failures += 1; again = true; }
-    } finally {
-      drawing = false;
-      if (again) { again = false; refresh(); }
+      landed = false;  // the server went away: tried again below
     }
+    drawing = false;
+    if (refused) {
+      state.textContent = "The page can no longer be redrawn (HTTP " + refused + "); reload it.";
+      return;
+    }
+    if (!landed) {
+      backoff = Math.min(backoff * 2, 2000);
+      refresh(backoff);
+      return;
+    }
+    backoff = PAUSE;
+    if (ended) settle();
+    if (wanted) refresh();
+  }
+
+  // Once the stream ended after the job's turn, the page says so in the
+  // same moment it shows the status the job ended with: when a redraw
+  // lands whose status is no longer "running", never before.
+  function settle() {
+    const status = view.querySelector("#job-status");
+    if (status && status.textContent.trim() === "running") {
+      refresh();  // drawn before the end could be read: draw again
+      return;
+    }
+    state.textContent = "Finished.";
+    const cancel = document.getElementById("cancel");
+    if (cancel) cancel.hidden = true;
   }
 
   function append(event) {
@@ -82,19 +117,71 @@
     log.append(li);
   }
 
-  function finish(text) {
+  // The text of each conversation's current model call as it streams
+  // (assistant.delta, live only), replaced by the reply as stored
+  // (assistant.message) when the call ends: one block a conversation.
+  const streams = document.getElementById("stream");
+  const idle = document.getElementById("stream-idle");
+  function block(event) {
+    const key = event.conversation_id;
+    let found = streams.querySelector('article[data-conversation="' + CSS.escape(key) + '"]');
+    if (!found) {
+      found = document.createElement("article");
+      found.className = "live-text";
+      found.dataset.conversation = key;
+      const pre = document.createElement("pre");
+      pre.setAttribute("aria-live", "off");
+      found.append(document.createElement("h3"), pre);
+      streams.append(found);
+      if (idle) idle.hidden = true;
+    }
+    if (found.dataset.step !== String(event.step)) {  // a new call: its own text
+      found.dataset.step = String(event.step);
+      found.querySelector("pre").textContent = "";
+    }
+    return found;
+  }
+  function label(found, what) {
+    const node = view.querySelector(
+      'li.node[data-conversation="' + CSS.escape(found.dataset.conversation) + '"]');
+    const agent = node ? node.dataset.agent + " " : "";
+    found.querySelector("h3").textContent = agent + found.dataset.conversation.slice(0, 8) +
+      " · step " + found.dataset.step + " · " + what;
+  }
+  function streamed(event) {
+    const found = block(event);
+    if (found.dataset.state !== "streaming") {
+      found.dataset.state = "streaming";
+      label(found, "streaming…");
+    }
+    found.querySelector("pre").append(event.data.text);
+  }
+  function replied(event) {
+    const data = event.data || {};
+    const text = typeof data.text === "string" ? data.text : "";
+    const open = streams.querySelector(
+      'article[data-conversation="' + CSS.escape(event.conversation_id) + '"]');
+    if (!text && !open) return;  // no text, and none was streamed before: nothing to show
+    const found = block(event);
+    found.dataset.state = "final";
+    const calls = Number(data.tool_calls || 0);
+    label(found, "reply" + (calls ? " (and " + calls + " tool call" + (calls > 1 ? "s" : "") + ")" : ""));
+    found.querySelector("pre").textContent = text;
+  }
+
+  // The job's turn ended and the stream with it: the banner says so when
+  // a redraw after it lands (settle).
+  function finish() {
     ended = true;
     if (source) source.close();
-    state.textContent = text;
-    const cancel = document.getElementById("cancel");
-    if (cancel) cancel.hidden = true;
+    state.textContent = "The job's turn ended; drawing its final state…";
     refresh();
   }
 
   function handle(message) {
     const event = JSON.parse(message.data);
     if (event.seq === null || event.seq === undefined) {
-      if (event.data && typeof event.data.text === "string") stream.textContent += event.data.text;
+      if (event.data && typeof event.data.text === "string") streamed(event);
       return;
     }
     if (seen.has(event.seq)) { live.duplicates += 1; return; }
@@ -102,6 +189,7 @@
     last = Math.max(last, event.seq);
     if (event.turn_id === id && terminal.indexOf(event.name) >= 0) done = true;
     append(event);
+    if (event.name === "assistant.message") replied(event);
     if (event.name !== "usage") refresh();
   }
 
@@ -115,7 +203,7 @@
     // The stream ends after the job's turn ends; one that ends (or fails)
     // before that is opened again after the last event, like a dropped one.
     source.addEventListener("end", function () {
-      if (done) { finish("Finished."); } else { retry("The stream ended early"); }
+      if (done) { finish(); } else { retry("The stream ended early"); }
     });
     source.addEventListener("error", function (e) {
       const error = e.data ? JSON.parse(e.data) : null;
@@ -176,8 +264,8 @@
     }
     button.disabled = true;
     try {
-      const done = await call("POST", "/v1/approvals/" + encodeURIComponent(callId), body);
-      say((done.decision === "approved" ? "Approved" : "Denied") + " by " + done.by + ".");
+      const answered = await call("POST", "/v1/approvals/" + encodeURIComponent(callId), body);
+      say((answered.decision === "approved" ? "Approved" : "Denied") + " by " + answered.by + ".");
       refresh();
     } catch (error) { say("Answer failed: " + error.message); button.disabled = false; }
   });
