@@ -42,6 +42,7 @@
   // order it and the stream's end come in.
   const PAUSE = 250;
   let wanted = false;  // a redraw is due
+  let loggedOut = false;  // the stream said the token is no longer valid
   let drawing = false;
   let timer = null;
   let backoff = PAUSE;
@@ -70,7 +71,10 @@
     }
     drawing = false;
     if (refused) {
-      state.textContent = "The page can no longer be redrawn (HTTP " + refused + "); reload it.";
+      if (loggedOut) return;  // the stream said why already
+      state.textContent = refused === 401
+        ? "The token is no longer valid; log in again."
+        : "The page can no longer be redrawn (HTTP " + refused + "); reload it.";
       return;
     }
     if (!landed) {
@@ -79,6 +83,7 @@
       return;
     }
     backoff = PAUSE;
+    if (loggedOut) return;
     if (ended) settle();
     if (wanted) refresh();
   }
@@ -209,7 +214,10 @@
       const error = e.data ? JSON.parse(e.data) : null;
       // a revoked token: reconnecting would only be refused (401)
       if (error && error.type === "AuthenticationError") {
-        finish("The token is no longer valid (" + error.message + "); log in again.");
+        loggedOut = true;
+        ended = true;  // neither reconnect nor redraw: both would be refused
+        source.close();
+        state.textContent = "The token is no longer valid (" + error.message + "); log in again.";
         return;
       }
       retry(error ? "The stream failed: " + error.message : "Connection lost");
