@@ -707,12 +707,30 @@ def _serve_local(stack: LocalStack, listener: socket.socket, job_id: str) -> Non
     """Serve the HTTP API and the dashboard on LISTENER until SIGINT or
     SIGTERM, with an admin token (jobs submitted by the Python client, as
     this one, have no tenant: only an admin token sees them) printed once
-    and revoked when the server stops."""
-    from orchestrator.local import dashboard_url, serve
+    and revoked when the server stops (or, if this process was killed,
+    by the next one serving the state directory's store alone)."""
+    from orchestrator.local import serving_lock
     from orchestrator.runtime import Runtime
     from orchestrator.store import token_sql
 
     settings = stack.settings
+
+    def revoke_stale() -> None:
+        # only in the state directory's own store, which the lock covers
+        if settings.database_url is None:
+            with Runtime(settings).session() as session:
+                token_sql.revoke_named(session, LOCAL_TENANT, LOCAL_TOKEN_NAME)
+
+    with serving_lock(settings.state_dir, revoke_stale):
+        _serve_with_token(settings, listener, job_id)
+
+
+def _serve_with_token(settings: Settings, listener: socket.socket, job_id: str) -> None:
+    """:func:`_serve_local`'s server and token, in the serving lock."""
+    from orchestrator.local import dashboard_url, serve
+    from orchestrator.runtime import Runtime
+    from orchestrator.store import token_sql
+
     prefix = _new_token(settings, LOCAL_TENANT, "admin", LOCAL_TOKEN_NAME)
 
     def ready() -> None:

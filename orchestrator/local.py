@@ -357,6 +357,26 @@ SERVE_GRACE = 3
 SERVE_POLL = 0.2
 
 
+@contextmanager
+def serving_lock(state_dir: Path, stale: Callable[[], None]) -> Iterator[None]:
+    """Held (shared) while ``chorus local --serve`` serves STATE_DIR's
+    store. When no other one serves it, the tokens earlier ones printed
+    are stale (one killed never revoked its own): STALE, which revokes
+    them, runs first, before the caller makes its own."""
+    import fcntl
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with (state_dir / "serve.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # another one serves: its token is not stale
+        else:
+            stale()
+        fcntl.flock(lock, fcntl.LOCK_SH)  # (from exclusive: the other's tokens are not made yet)
+        yield
+
+
 def dashboard_url(port: int, job_id: str | None = None) -> str:
     """The address of the dashboard ``chorus local --serve`` serves on PORT
     (of JOB_ID's page, when given)."""

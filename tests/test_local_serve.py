@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator.local import serve, serving_socket
+from orchestrator.local import serve, serving_lock, serving_socket
 from orchestrator.settings import Settings
 from tests.conftest import ROOT
 from tests.server.conftest import free_port
@@ -195,3 +195,75 @@ def test_the_server_stops_on_sigterm_and_gives_the_signals_back(tmp_path: Path) 
     # Then serve returned (the process lives on) and the handlers are back
     assert answers == [200]
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_only_a_server_alone_on_its_state_directory_revokes_stale_tokens(tmp_path: Path) -> None:
+    revoked: list[str] = []
+    # Given one `chorus local --serve` serving the state directory
+    with serving_lock(tmp_path, lambda: revoked.append("first")):
+        # When another starts beside it, Then the first's token is not stale
+        with serving_lock(tmp_path, lambda: revoked.append("second")):
+            pass
+        assert revoked == ["first"]
+    # and once none serves it, the next one revokes what earlier ones left
+    with serving_lock(tmp_path, lambda: revoked.append("third")):
+        pass
+    assert revoked == ["first", "third"]
+
+
+@pytest.mark.long
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_servers_stack_dies_with_it_and_its_token_is_revoked_by_the_next(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+
+    def started(name: str) -> tuple[subprocess.Popen[bytes], Path, str, int]:
+        out = tmp_path / f"{name}.txt"
+        proc = subprocess.Popen(
+            [*CHORUS, "local", "--serve", "--port", "0"],
+            cwd=ROOT,
+            env=_local_env(state),
+            stdout=out.open("wb"),
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        port = int(_wait_for(out, DASHBOARD, proc).group(2))
+        token = TOKEN.search(out.read_text())
+        assert token is not None, out.read_text()
+        return proc, out, token.group(1), port
+
+    procs: list[subprocess.Popen[bytes]] = []
+    stack: dict[int, str] = {}
+    try:
+        # Given `chorus local --serve` serving, its stack (redis-server, workers) up
+        first, _, first_token, _ = started("first")
+        procs.append(first)
+        stack = _descendants(first.pid)
+        assert len(stack) >= 2, stack
+        # When it is SIGKILLed (no teardown, its token not revoked)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        # Then its stack ends with it
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while left := {p for p, s in stack.items() if _started_at(p) == s}:
+            assert time.monotonic() < deadline, f"left running: {left}"
+            time.sleep(0.2)
+        # and the next one on the state directory revokes the token it printed
+        second, _, second_token, port = started("second")
+        procs.append(second)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for token, status in ((first_token, 401), (second_token, 200)):
+                answer = http.get("/v1/jobs", headers={"Authorization": f"Bearer {token}"})
+                assert answer.status_code == status, answer.text
+        os.killpg(second.pid, signal.SIGINT)
+        assert second.wait(STOP_TIMEOUT) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for pid, started_at in stack.items():
+            if _started_at(pid) == started_at:
+                os.kill(pid, signal.SIGKILL)

@@ -75,8 +75,8 @@ def register_tasks(app: Celery, rt: Runtime) -> None:
         previous_owner: str | None = None,
     ) -> None:
         with log_context(conversation_id=conversation_id, turn_id=turn_id, step=step):
-            # set by this task's own retry only (a non-string, from a hostile message, is ignored)
-            owner = new_lease_owner(previous_owner if isinstance(previous_owner, str) else None)
+            # set by this task's own retry only (anything else, from a hostile message, is ignored)
+            owner = new_lease_owner(previous_owner)
             run_guarded(
                 app,
                 self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -104,9 +105,18 @@ class LeaseOwner:
         return self.id if self.taken else self.previous
 
 
-def new_lease_owner(previous: str | None = None) -> LeaseOwner:
-    """A new execution's owner (``previous``: see :class:`LeaseOwner`)."""
-    return LeaseOwner(uuid.uuid4().hex, previous)
+#: What an owner's id looks like (:func:`new_lease_owner`).
+_OWNER_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def new_lease_owner(previous: object = None) -> LeaseOwner:
+    """A new execution's owner (``previous``: see :class:`LeaseOwner`).
+
+    ``previous`` comes from a broker message: anything but an owner's id
+    (a non-string, a huge string, one the database refuses, such as one
+    with a NUL, whose error would fail the turn) is ignored."""
+    handed = previous if isinstance(previous, str) and _OWNER_ID.fullmatch(previous) else None
+    return LeaseOwner(uuid.uuid4().hex, handed)
 
 
 def _take_lease(rt: Runtime, ids: tuple[str, str, int], owner: LeaseOwner) -> Leased | None:

@@ -118,6 +118,20 @@ def revoke(session: Session, prefix_or_id: str) -> int:
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
+def revoke_named(session: Session, tenant: str, name: str) -> int:
+    """Revoke every active token of ``tenant`` named ``name``; how many."""
+    result = session.execute(
+        update(ApiToken)
+        .where(
+            col(ApiToken.tenant) == tenant,
+            col(ApiToken.name) == name,
+            col(ApiToken.revoked_at).is_(None),
+        )
+        .values(revoked_at=utcnow())
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
 def listed(session: Session) -> list[ApiToken]:
     """Every token, oldest first (their hashes included: never print them)."""
     return list(session.exec(select(ApiToken).order_by(col(ApiToken.created_at))).all())

@@ -12,13 +12,17 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlmodel import select
+from sqlalchemy.exc import OperationalError
+from sqlmodel import col, select
 
 from orchestrator import Client, engine
+from orchestrator.engine import step as step_module
 from orchestrator.engine.actions import RunSegment, RunStep
-from orchestrator.engine.step import new_lease_owner
-from orchestrator.store.tables import Conversation, MessageRow, ToolCallRow
-from schemas import JobRequest
+from orchestrator.engine.persist import load_owned
+from orchestrator.engine.step import LeaseOwner, _take_lease, new_lease_owner
+from orchestrator.runtime import Runtime
+from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow
+from schemas import EventName, JobRequest
 from tests.conftest import ROOT, TOOLS_WORKER, WorkerProcess, tool_calls, worker_env
 
 pytestmark = pytest.mark.integration
@@ -107,6 +111,111 @@ def test_two_concurrent_advances_move_the_cursor_once(client: Client) -> None:
     with rt.session() as s:
         kinds = s.exec(select(MessageRow.kind).where(MessageRow.turn_id == ref.job_id)).all()
     assert sorted(kinds) == ["assistant", "input", "tool_results"]
+
+
+def _held_step(rt: Runtime, text: str) -> tuple[tuple[str, str, int], LeaseOwner]:
+    """A trip-planner turn whose step 0 an execution (returned) leased, as
+    one whose database failed mid-call leaves it: still held."""
+    ref, _ = engine.start_turn(rt, JobRequest(agent="trip-planner", input=text))
+    ids = (ref.conversation_id, ref.job_id, 0)
+    held = new_lease_owner()
+    assert _take_lease(rt, ids, held) is not None
+    return ids, held
+
+
+def _lease_and_calls(rt: Runtime, ids: tuple[str, str, int]) -> tuple[str | None, str, int]:
+    """The lease's owner, the conversation's state and the model calls
+    requested (``llm.requested``) for the turn."""
+    with rt.session() as s:
+        conv = s.get(Conversation, ids[0])
+        assert conv is not None
+        requested = s.exec(
+            select(EventRow).where(
+                EventRow.turn_id == ids[1], EventRow.name == EventName.LLM_REQUESTED.value
+            )
+        ).all()
+        return conv.lease_owner, conv.state, len(requested)
+
+
+def test_a_forged_previous_owner_neither_takes_a_live_lease_nor_fails_its_turn(
+    client: Client,
+) -> None:
+    # Given a step whose lease a live execution holds
+    rt = client.runtime
+    ids, live = _held_step(rt, "forged")
+    # When copies of it run with the previous owner a hostile broker message
+    # may carry: a non-string, a huge string, a NUL (which Postgres refuses:
+    # its error failed the turn), an empty one, near misses of the live id
+    forged: list[object] = [7, ["x"], "x" * 5_000_000, "a\x00b", "", live.id.upper(), live.id + " "]
+    for previous in forged:
+        # Then each leaves without raising or calling the model
+        assert engine.run_step(rt, *ids, new_lease_owner(previous)) == []
+        # and the lease stays the live execution's, its turn running
+        assert _lease_and_calls(rt, ids) == (live.id, "running", 0), repr(previous)[:40]
+
+
+def test_two_copies_of_a_retry_call_the_model_once(client: Client) -> None:
+    # Given a step whose execution failed holding the lease
+    rt = client.runtime
+    ids, failed = _held_step(rt, "two retries")
+    # When two copies of its retry (a redelivery) take it over at once
+    gate = threading.Barrier(2)
+    results: list[list[Any]] = []
+
+    def retry() -> None:
+        gate.wait()
+        results.append(engine.run_step(rt, *ids, new_lease_owner(failed.holder)))
+
+    threads = [threading.Thread(target=retry) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then one called the model and stored its reply, the other left
+    assert sorted(len(r) for r in results) == [0, 1]
+    assert isinstance(next(r for r in results if r)[0], RunSegment)
+    owner, state, calls = _lease_and_calls(rt, ids)
+    assert (owner, state, calls) == (None, "running", 1)
+    with rt.session() as s:
+        replies = s.exec(
+            select(MessageRow).where(MessageRow.turn_id == ids[1], MessageRow.kind == "assistant")
+        ).all()
+    assert len(replies) == 1
+
+
+def test_a_retry_chain_hands_the_lease_on_past_retries_that_failed_before_taking_it(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a step whose execution failed holding the lease
+    rt = client.runtime
+    ids, failed = _held_step(rt, "a chain")
+    real_take = step_module.take_lease
+
+    def database_down(*_args: Any) -> None:
+        raise OperationalError("UPDATE chorus_conversation", {}, ConnectionError("server down"))
+
+    # When its first two retries fail as they take it (the database still down)
+    monkeypatch.setattr(step_module, "take_lease", database_down)
+    holder = failed.holder
+    for _ in range(2):
+        retry = new_lease_owner(holder)
+        with pytest.raises(OperationalError):
+            engine.run_step(rt, *ids, retry)
+        holder = retry.holder
+        # Then each hands on the failed execution's lease, still held
+        assert holder == failed.id
+        assert _lease_and_calls(rt, ids)[0] == failed.id
+    # and the next, the database back, takes it over and stores the step
+    monkeypatch.setattr(step_module, "take_lease", real_take)
+    (segment,) = engine.run_step(rt, *ids, new_lease_owner(holder))
+    assert isinstance(segment, RunSegment)
+    assert _lease_and_calls(rt, ids) == (None, "running", 1)
+    # while a stale copy of any of them, or the failed execution, stores nothing more
+    assert engine.run_step(rt, *ids, new_lease_owner(failed.id)) == []
+    with rt.session() as s:
+        assert load_owned(s, *ids, failed.id) is None
+        steps = s.exec(select(col(MessageRow.kind)).where(MessageRow.turn_id == ids[1])).all()
+    assert sorted(steps) == ["assistant", "input"]
 
 
 def test_sweeper_recovers_a_turn_whose_worker_died_whole(
