@@ -206,10 +206,11 @@ def _run_celery(app: Any, argv: list[str]) -> int:
 @app.command()
 def beat(loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO") -> None:
     """Run Celery beat: the periodic sweeper that re-dispatches stalled turns."""
+    from orchestrator.settings import private_dir
     from workers.app import create_app
 
     settings = _settings()
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.state_dir)
     schedule = str(settings.state_dir / "celerybeat-schedule")
     create_app(settings).start(["beat", "-l", loglevel, "-s", schedule])
 
@@ -652,6 +653,7 @@ def local(
     """
     from orchestrator.errors import InvalidRequestError
     from orchestrator.local import SERVE_PORT, dashboard_url, local_stack, serving_socket
+    from orchestrator.logs import redact
 
     if example not in EXAMPLES:
         raise InvalidRequestError(
@@ -673,7 +675,9 @@ def local(
             listener = resources.enter_context(serving_socket(SERVE_PORT if port is None else port))
         stack = resources.enter_context(local_stack(settings))
         running = stack.settings
-        console.print(f"redis: {running.redis_url} (embedded: {settings.embedded})", style="dim")
+        # the embedded Redis's URL carries its password: shown masked
+        shown = redact(running.redis_url or "")
+        console.print(f"redis: {shown} (embedded: {settings.embedded})", style="dim")
         console.print(f"state: {_where(running.db_url)}", style="dim")
         client = _client(running)
         job = client.submit(agent, text)

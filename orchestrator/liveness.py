@@ -41,7 +41,7 @@ def touch(state_dir: Path, node: str) -> None:
     """Mark ``node`` alive now (``<state_dir>/alive/<node>``)."""
     path = beats_dir(state_dir) / node.replace("/", "_")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.touch()
     except OSError as exc:  # the probe will say so; keep trying
         log.warning("liveness file %s: %s", path, exc)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import _thread
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 
 from orchestrator.liveness import beats_dir
-from orchestrator.settings import Settings
+from orchestrator.settings import Settings, private_dir
 from orchestrator.supervisor import POLL, Supervisor, available_cores, process_node
 
 log = logging.getLogger(__name__)
@@ -67,33 +68,62 @@ def redis_server() -> Path:
     return binary
 
 
-def _served_by(port: int, pid: int) -> bool:
+def _command(*args: str) -> bytes:
+    """A Redis command in the protocol's own framing (RESP): an argument
+    is never split or parsed, whatever it holds."""
+    frames = [f"*{len(args)}\r\n".encode()]
+    for arg in args:
+        data = arg.encode()
+        frames.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(frames)
+
+
+def _served_by(port: int, pid: int, password: str) -> bool:
     """Whether the Redis answering on loopback PORT is process PID (another
-    program may have taken the port between choosing it and binding it)."""
+    program may have taken the port between choosing it and binding it),
+    asked after AUTH with PASSWORD (it refuses INFO without)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
-            s.sendall(b"INFO server\r\n")
-            answer = b""
-            while b"process_id:" not in answer or not answer.endswith(b"\r\n"):
-                chunk = s.recv(4096)
-                if not chunk:
-                    return False
-                answer += chunk
-    except OSError:
+            s.sendall(_command("AUTH", password) + _command("INFO", "server"))
+            replies = s.makefile("rb")
+            replies.readline()  # AUTH's: +OK, or an error (then not ours)
+            header = replies.readline()
+            if not header.startswith(b"$"):
+                return False  # -NOAUTH, -LOADING, ...: not ours, or not yet
+            info = replies.read(int(header[1:]))
+    except (OSError, ValueError):
         return False
-    return f"process_id:{pid}\r\n".encode() in answer
+    return f"process_id:{pid}\r\n".encode() in info
 
 
 class _PortTaken(Exception):
     """The chosen port was taken before the server could bind it."""
 
 
-def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    """The bundled redis-server on loopback PORT, answering as itself."""
+#: Commands the embedded Redis refuses to every client, Chorus's too (it
+#: needs none): CONFIG SET dir/dbfilename then SAVE writes a file of
+#: chosen content anywhere its user may write; MODULE LOAD runs a shared
+#: library's code in it; DEBUG may crash or stall it.
+REDIS_DISABLED = ("CONFIG", "DEBUG", "MODULE")
+
+
+def _redis_config(password: str) -> bytes:
+    """The embedded redis-server's secret configuration, given on its
+    standard input (never on its command line, which ``ps`` shows to every
+    user, nor in a file)."""
+    lines = [f"requirepass {password}", "protected-mode yes"]
+    lines += [f'rename-command {name} ""' for name in REDIS_DISABLED]
+    return "".join(f"{line}\n" for line in lines).encode()
+
+
+def _start_redis(state_dir: Path, port: int, password: str) -> subprocess.Popen[bytes]:
+    """The bundled redis-server on loopback PORT, answering as itself to
+    clients giving PASSWORD (and to no other)."""
     from orchestrator.errors import ConfigurationError
 
     state = state_dir.resolve()
-    command = [str(redis_server()), "--port", str(port), "--bind", "127.0.0.1"]
+    # "-": the configuration (the password) comes on stdin, then these
+    command = [str(redis_server()), "-", "--port", str(port), "--bind", "127.0.0.1"]
     command += ["--dir", str(state), "--dbfilename", "redis.rdb", "--appendonly", "no"]
     command += ["--daemonize", "no", "--logfile", str(state / "redis.log")]
     for point in REDIS_SAVE:
@@ -101,12 +131,23 @@ def _start_redis(state_dir: Path, port: int) -> subprocess.Popen[bytes]:
     # Its own session: a terminal's Ctrl-C reaches the workers, which still
     # need Redis for their warm shutdown, not the server. It gets SIGTERM
     # (saving its snapshot) if this process is killed: nothing else would
-    # ever stop it. The wrapper execs into redis-server: same pid.
-    server = subprocess.Popen(
-        _dying_with_this_process(command), stdin=subprocess.DEVNULL, start_new_session=True
-    )
+    # ever stop it. The wrapper execs into redis-server: same pid. What it
+    # prints before it opens its log file (that it reads stdin) goes there.
+    with (state / "redis.log").open("ab") as output:
+        server = subprocess.Popen(
+            _dying_with_this_process(command),
+            stdin=subprocess.PIPE,
+            stdout=output,
+            start_new_session=True,
+        )
+    assert server.stdin is not None
+    try:  # a few hundred bytes: the pipe takes them at once
+        server.stdin.write(_redis_config(password))
+        server.stdin.close()
+    except BrokenPipeError:
+        pass  # it exited: said below
     deadline = time.monotonic() + REDIS_START_TIMEOUT
-    while not _served_by(port, server.pid):
+    while not _served_by(port, server.pid, password):
         if server.poll() is not None and _taken(port):
             raise _PortTaken(port)
         if server.poll() is not None or time.monotonic() > deadline:
@@ -170,12 +211,15 @@ def _stop_redis(server: subprocess.Popen[bytes]) -> None:
 @contextmanager
 def embedded_redis(settings: Settings) -> Iterator[str]:
     """Start the bundled redis-server on a free loopback port, as a child
-    process keeping its snapshot in the state directory; yield its URL."""
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    process keeping its snapshot in the state directory; yield its URL,
+    which carries the password it was given (a new random one each start):
+    without it, another user of this machine gets no answer from it."""
+    private_dir(settings.state_dir)
+    password = secrets.token_urlsafe(32)
     for attempt in range(PORT_ATTEMPTS):
         port = _free_port()
         try:
-            server = _start_redis(settings.state_dir, port)
+            server = _start_redis(settings.state_dir, port, password)
             break
         except _PortTaken:
             if attempt == PORT_ATTEMPTS - 1:
@@ -186,7 +230,7 @@ def embedded_redis(settings: Settings) -> Iterator[str]:
                     "taken before it could bind them; set CHORUS_REDIS_URL"
                 ) from None
     try:
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://:{password}@127.0.0.1:{port}/0"
     finally:
         _stop_redis(server)
 
@@ -255,7 +299,7 @@ def worker_processes(
     on a machine of few cores their imports would otherwise slow down the
     first worker and the caller, which the first model call waits for."""
     count = processes or available_cores()
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.state_dir)
     output = (settings.state_dir / "workers.log").open("ab")
     supervisor = Supervisor(_worker_argv(settings), count, env=_worker_env(settings), output=output)
     since = time.time() - 1.0  # file times may be a little coarser than time.time()
@@ -365,7 +409,7 @@ def serving_lock(state_dir: Path, stale: Callable[[], None]) -> Iterator[None]:
     them, runs first, before the caller makes its own."""
     import fcntl
 
-    state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(state_dir)
     with (state_dir / "serve.lock").open("a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

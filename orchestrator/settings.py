@@ -6,6 +6,8 @@ Nothing is read from the environment at import time: call
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -183,3 +185,16 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment, with explicit overrides on top."""
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+def private_dir(path: Path) -> Path:
+    """PATH, a directory only its owner may enter (mode 0700): a state
+    directory holds every prompt and reply (``chorus.db``) and the embedded
+    Redis's snapshot. A missing one is made so; an existing one of this
+    user's that others may enter (earlier versions made it with the
+    umask's mode) is narrowed to 0700; another user's is left as it is."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.getuid():
+        path.chmod(0o700)
+    return path

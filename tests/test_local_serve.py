@@ -72,6 +72,21 @@ def _descendants(pid: int) -> dict[int, str]:
     return found
 
 
+def _redis_password(pids: dict[int, str]) -> str:
+    """The embedded Redis's password, as the stack gave it to its workers
+    (in their environment, which only their user may read)."""
+    for pid in pids:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            found = re.fullmatch(rb"CHORUS_REDIS_URL=redis://:([\w-]+)@127\.0\.0\.1:\d+/0", entry)
+            if found:
+                return found.group(1).decode()
+    raise AssertionError("no worker holds the embedded Redis's URL")
+
+
 def _wait_for(out: Path, pattern: re.Pattern[str], proc: subprocess.Popen[bytes]) -> re.Match[str]:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
@@ -108,6 +123,11 @@ def test_serve_shows_the_job_just_run_until_ctrl_c(tmp_path: Path) -> None:
         assert "(admin, tenant local); shown once, keep it:" in err.read_text()
         stack = _descendants(proc.pid)  # redis-server and the workers
         assert len(stack) >= 2, stack
+        # and its Redis has a password, on none of their command lines
+        password = _redis_password(stack)
+        for pid in stack:
+            assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+        assert re.search(r"^redis: redis://:\*\*\*@127\.0\.0\.1:\d+/0 ", out.read_text(), re.M)
 
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
             # Then the page asks for a login first, and the printed token logs in
@@ -148,6 +168,14 @@ def test_serve_shows_the_job_just_run_until_ctrl_c(tmp_path: Path) -> None:
                 "select revoked_at from chorus_api_token where name = 'chorus local --serve'"
             ).fetchone()
         assert revoked is not None
+        # and the password was printed nowhere, logged nowhere, stored nowhere
+        state = tmp_path / "state"
+        assert state.stat().st_mode & 0o777 == 0o700  # chorus.db: every prompt and reply
+        written = [out, err, *(p for p in state.rglob("*") if p.is_file())]
+        assert {state / "workers.log", state / "redis.log", state / "chorus.db"} <= set(written)
+        for path in written:
+            assert password.encode() not in path.read_bytes(), path
+        assert "redis://:**@127.0.0.1:" in (state / "workers.log").read_text()  # Celery's banner
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -136,7 +136,7 @@ def _engine(url: str, pool: Pool) -> Engine:
     if url.startswith("sqlite"):
         path = url.removeprefix("sqlite:///")
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # private
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20
         )

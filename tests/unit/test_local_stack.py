@@ -4,6 +4,7 @@ starting its worker processes in steps (issue 22: `chorus local` in under
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ def test_the_embedded_redis_keeps_its_data_in_the_state_dir_across_starts(
 ) -> None:
     settings = Settings(state_dir=tmp_path / "state")
     with embedded_redis(settings) as url:
-        assert url.startswith("redis://127.0.0.1:")
+        assert re.fullmatch(r"redis://:[\w-]{43}@127\.0\.0\.1:\d+/0", url)  # its password
         client = redis.Redis.from_url(url, decode_responses=True)
         client.set("greeting", "hello")
         client.close()
@@ -41,6 +42,53 @@ def test_the_embedded_redis_keeps_its_data_in_the_state_dir_across_starts(
         client = redis.Redis.from_url(again, decode_responses=True)
         assert client.get("greeting") == "hello"
         client.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_embedded_redis_answers_only_its_password_and_never_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any user of the machine may connect to a loopback port: without the
+    password the embedded Redis refuses everything, and with it CONFIG (SET
+    dir and dbfilename, then SAVE, writes a chosen file anywhere)."""
+    import subprocess
+
+    # Given a state directory an older Chorus made with the umask's mode
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)
+    started: list[list[str]] = []
+    popen = subprocess.Popen
+
+    def recording(args: list[str], *rest: object, **kwargs: object) -> object:
+        started.append(list(args))
+        return popen(args, *rest, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(subprocess, "Popen", recording)
+    with embedded_redis(Settings(state_dir=state)) as url:
+        monkeypatch.undo()
+        password = redis.Redis.from_url(url).connection_pool.connection_kwargs["password"]
+        assert len(password) >= 40 and url.startswith(f"redis://:{password}@127.0.0.1:")
+        client = redis.Redis.from_url(url)
+        pid = client.info("server")["process_id"]
+        # Then a client without the password, or with another, gets nothing
+        stranger = url.replace(f":{password}@", "")
+        for other in (stranger, url.replace(password, password[::-1])):
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis.from_url(other).set("key", "value")
+        # and CONFIG is refused even with it
+        with pytest.raises(redis.ResponseError, match="unknown command"):
+            client.config_set("dir", str(tmp_path))
+        with pytest.raises(redis.ResponseError, match="unknown command"):
+            client.execute_command("DEBUG", "SLEEP", "0")
+        assert client.set("key", "value")
+        client.close()
+        # and the password is on no command line (what `ps` shows everyone)
+        assert started and all(password not in " ".join(args) for args in started)
+        assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    # nor in its log; and the state directory is its owner's alone
+    assert password not in (state / "redis.log").read_text()
+    assert state.stat().st_mode & 0o777 == 0o700
 
 
 def test_the_supervisor_starts_its_children_in_steps() -> None:
