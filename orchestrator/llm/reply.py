@@ -52,7 +52,8 @@ class ModelReply:
             is what arrived before the stop.
         first_token_at: ``time.monotonic()`` when the first piece of the
             reply (text, thinking or a tool call) arrived; None if none
-            streamed.
+            streamed. A timing, not part of what the reply says: two
+            replies that say the same compare equal whenever they came.
 
     Every string in it can be stored: a NUL or lone surrogate the model
     sent is replaced (:mod:`orchestrator.store.values`).
@@ -64,7 +65,7 @@ class ModelReply:
     thinking: str = ""
     finish_reason: str = ""
     stopped: bool = False
-    first_token_at: float | None = None
+    first_token_at: float | None = field(default=None, compare=False)
 
 
 def read_stream(

@@ -86,3 +86,22 @@ def test_entry_points_do_not_load_what_they_do_not_use(case: str) -> None:
 def test_the_probe_sees_a_heavy_import() -> None:
     """The control: the MCP client itself does load ``mcp``."""
     assert "mcp" in loaded("import orchestrator.tools.mcp_client")
+
+
+def test_every_engine_entry_point_is_its_function_whatever_was_imported_first() -> None:
+    """A name the engine package exports lazily must not share its name with
+    a module of the package: importing that module binds the module on the
+    package, where the lazy name was looked for (``engine.sweep(rt)`` then
+    called a module)."""
+    code = """
+import importlib, pkgutil, types
+import orchestrator.engine as engine
+for found in pkgutil.iter_modules(engine.__path__):
+    importlib.import_module(f"orchestrator.engine.{found.name}")
+wrong = [n for n in engine.__all__ if isinstance(getattr(engine, n), types.ModuleType)]
+assert not wrong, wrong
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
