@@ -177,12 +177,19 @@ def test_serve_shows_the_job_just_run_until_ctrl_c(tmp_path: Path) -> None:
             assert password.encode() not in path.read_bytes(), path
         assert "redis://:**@127.0.0.1:" in (state / "workers.log").read_text()  # Celery's banner
     finally:
+        _kill_leftovers([proc], stack)
+
+
+def _kill_leftovers(procs: list[subprocess.Popen[bytes]], stack: dict[int, str]) -> None:
+    """After a failed test: the commands' process groups, then their stack's
+    processes still running (the same pid and start time)."""
+    for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for pid, started in stack.items():
-            if _started_at(pid) == started:
-                os.kill(pid, signal.SIGKILL)
+    for pid, started in stack.items():
+        if _started_at(pid) == started:
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
@@ -288,10 +295,4 @@ def test_a_killed_servers_stack_dies_with_it_and_its_token_is_revoked_by_the_nex
         os.killpg(second.pid, signal.SIGINT)
         assert second.wait(STOP_TIMEOUT) == 0
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for pid, started_at in stack.items():
-            if _started_at(pid) == started_at:
-                os.kill(pid, signal.SIGKILL)
+        _kill_leftovers(procs, stack)

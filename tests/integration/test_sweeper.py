@@ -28,7 +28,7 @@ from orchestrator.dispatch import dispatch
 from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment, RunStep
 from orchestrator.engine.step import new_lease_owner
 from orchestrator.errors import JobFailedError
-from orchestrator.store.tables import EventRow, ToolCallRow, Turn
+from orchestrator.store.tables import Conversation, EventRow, ToolCallRow, Turn
 from schemas import AgentSpec, EventName, JobRequest, RateLimit
 from tests.conftest import WorkerProcess
 
@@ -211,11 +211,20 @@ def test_a_child_given_up_on_answers_its_parent(private: Private) -> None:
         engine.run_tool(rt, call.call_id)  # ``add`` answers; the child starts, its step is lost
 
     # When the sweeper re-sends the child's step (lost again) and then gives up
+    # (counting only what it sends for this tree: the session's database also
+    # holds other tests' conversations, which this private sweeper sees too)
+    with rt.session() as session:
+        tree = set(
+            session.exec(
+                select(Conversation.id).where(Conversation.root_id == ref.conversation_id)
+            ).all()
+        )
+    assert len(tree) == 2, tree
     sent: list[Action] = []
     deadline = time.monotonic() + 60
     while not any(isinstance(a, RunAdvance) for a in sent):
         assert time.monotonic() < deadline, "the sweeper never gave up on the child"
-        sent.extend(engine.sweep(rt))
+        sent.extend(a for a in engine.sweep(rt) if getattr(a, "conversation_id", None) in tree)
         time.sleep(0.2)
 
     # Then the child's turn failed, and its failure is the parent's tool result
