@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import litellm
 from pydantic import BaseModel, Field
 
 from orchestrator import Agent
@@ -49,6 +48,13 @@ CALLS_PER_ITERATION = 4
 #: Tokens each scripted call reports, and each model's price per token (in, out).
 TOKENS = (1000, 200)
 PRICES = {PLANNER: (1e-6, 4e-6), IMPLEMENTER: (3e-6, 15e-6), CRITIC: (0.5e-6, 2e-6)}
+
+
+def _priced(name: str) -> dict[str, float]:
+    """The per-token price of a model, as ``model_settings`` (litellm prices
+    the calls with it; the scripted models have no price of their own)."""
+    cost_in, cost_out = PRICES[name]
+    return {"input_cost_per_token": cost_in, "output_cost_per_token": cost_out}
 
 
 class Verdict(BaseModel):
@@ -113,28 +119,21 @@ def _critic(messages: list[dict[str, Any]]) -> Reply:
     return _reply(tool_calls=[call("final_answer", **verdict.model_dump())])
 
 
-litellm.register_model(
-    {
-        scripted_model(name): {
-            "input_cost_per_token": cost_in,
-            "output_cost_per_token": cost_out,
-            "litellm_provider": "scripted",
-            "mode": "chat",
-        }
-        for name, (cost_in, cost_out) in PRICES.items()
-    }
-)
 register_script(PLANNER, [_planner] * 100)
 register_script(IMPLEMENTER, [_implementer] * 10)
 register_script(CRITIC, [_critic] * 10)
 
 implementer = Agent(
-    IMPLEMENTER, scripted_model(IMPLEMENTER), system="You implement the plan you are given."
+    IMPLEMENTER,
+    scripted_model(IMPLEMENTER),
+    system="You implement the plan you are given.",
+    model_settings=_priced(IMPLEMENTER),
 )
 critic = Agent(
     CRITIC,
     scripted_model(CRITIC),
     system="You review a draft against its task. Approve it only if it meets every requirement.",
+    model_settings=_priced(CRITIC),
     output=Verdict,
 )
 planner = Agent(
@@ -144,4 +143,5 @@ planner = Agent(
     "and iterate on the critic's feedback until the critic approves.",
     subagents=[implementer, critic],
     budget=pipeline_budget(),
+    model_settings=_priced(PLANNER),
 )

@@ -179,6 +179,7 @@ def worker(
     argv += ["-l", loglevel, *([] if mingle else ["--without-mingle"])]
     if count > 1:
         raise typer.Exit(_supervise(argv, count, name))
+    gc.disable()  # until the worker is set up (workers.app.startup_done)
     from workers.app import create_app
 
     die_with_supervisor()
@@ -206,6 +207,7 @@ def _run_celery(app: Any, argv: list[str]) -> int:
 @app.command()
 def beat(loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO") -> None:
     """Run Celery beat: the periodic sweeper that re-dispatches stalled turns."""
+    gc.disable()  # until beat starts (workers.app.startup_done)
     from orchestrator.settings import private_dir
     from workers.app import create_app
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -9,8 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import litellm
-from litellm.llms.custom_llm import CustomLLMError
 from pydantic import BaseModel, Field
 
 import examples.parallel_tools  # noqa: F401  (the example agent, for the end-to-end test)
@@ -477,20 +476,14 @@ Agent("stubborn", scripted_model("stubborn"), output=Trip)
 
 # -- budgets ------------------------------------------------------------------
 
-litellm.register_model(  # a price for the scripted child, so its calls cost something
-    {
-        "scripted/priced-child": {
-            "input_cost_per_token": 0.001,
-            "output_cost_per_token": 0.002,
-            "litellm_provider": "scripted",
-            "mode": "chat",
-        }
-    }
-)
 register_script(
     "priced-child", [Reply(text="expensive answer", input_tokens=100, output_tokens=100)] * 3
 )
-Agent("priced-child", scripted_model("priced-child"))  # 0.30 USD a call
+Agent(  # 0.30 USD a call: a price for the scripted child, so its calls cost something
+    "priced-child",
+    scripted_model("priced-child"),
+    model_settings={"input_cost_per_token": 0.001, "output_cost_per_token": 0.002},
+)
 register_script(
     "budget-lead",
     [
@@ -900,6 +893,25 @@ def _fleet_batch(messages: list[dict[str, Any]]) -> Reply:
 
 register_script("fleet-batch", [_fleet_batch] * 200)
 Agent("fleet-batch", scripted_model("fleet-batch"), tools=[fleet_sleep])
+
+
+@tool
+def collector_state() -> dict[str, Any]:
+    """Whether this tool's worker process collects garbage (and how much of
+    its heap is frozen out of the collections)."""
+    return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+
+
+def _collector_report(messages: list[dict[str, Any]]) -> Reply:
+    """The tools process's collector state, then the model process's own."""
+    if messages[-1]["role"] != "tool":
+        return Reply.call(call("collector_state"))
+    model = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+    return Reply.say(json.dumps({"tools": tool_results(messages)[-1], "model": model}))
+
+
+register_script("collector-probe", [_collector_report] * 2)
+Agent("collector-probe", scripted_model("collector-probe"), tools=[collector_state])
 
 
 # --- planning and handoffs ---
@@ -1386,6 +1398,8 @@ def _fail_once(messages: list[dict[str, Any]]) -> Reply:
     text = str(messages[-1]["content"])
     if text not in _failed_once:
         _failed_once.add(text)
+        from litellm.llms.custom_llm import CustomLLMError  # where a model is called
+
         raise CustomLLMError(status_code=503, message="overloaded, try later")
     return Reply.say("recovered")
 

@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from litellm.llms.custom_llm import CustomLLMError
-
 from orchestrator.llm.scripted import Reply, call, register_script
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -194,6 +192,8 @@ register_script(
 
 
 def _overloaded(_messages: list[dict[str, Any]]) -> Reply:
+    from litellm.llms.custom_llm import CustomLLMError  # imported where a model is called
+
     raise CustomLLMError(status_code=503, message="overloaded")
 
 

@@ -54,17 +54,26 @@ def prepare_worker(instance: Any = None, **_: Any) -> None:
       first imports; with MCP servers declared, every worker loads the MCP
       client (discovery runs in steps, calls in tool tasks);
     - the heap built at startup (litellm alone is ~400k objects) is frozen
-      out of the garbage collector: a full collection over it stops every
-      thread of the process for most of a second, between admitting calls
-      and sending them.
+      out of the garbage collector (:func:`startup_done`): a full collection
+      over it stops every thread of the process for most of a second,
+      between admitting calls and sending them.
     """
     selected = instance.app.amqp.queues.consume_from if instance is not None else None
     if not selected or QUEUES["chorus.step"] in selected:
         warm()
     if registry.toolset_names():
         toolsets.load_client()
+    startup_done()
+
+
+def startup_done(**_: Any) -> None:
+    """Freeze the heap built at startup and turn the garbage collector back
+    on: ``chorus worker`` and ``chorus beat`` turn it off before their first
+    imports, which otherwise run a collection every few hundred objects they
+    create (a quarter of litellm's import time)."""
     gc.collect()
     gc.freeze()
+    gc.enable()
 
 
 def announce_queues(settings: Settings) -> tuple[Any, Any]:
@@ -116,6 +125,7 @@ def create_app(settings: Settings | None = None) -> Celery:
 
     celeryd_after_setup.connect(_worker_heartbeat, weak=False)
     beat_init.connect(_beat_heartbeat, weak=False)
+    beat_init.connect(startup_done, weak=False)
 
     def _logging(loglevel: str | int | None = None, **_: Any) -> None:
         # Connecting this signal tells Celery to leave logging to us.

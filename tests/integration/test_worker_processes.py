@@ -5,6 +5,7 @@ I/O-bound tools at once, whatever the core count."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -236,3 +237,15 @@ def _a_parallel_batch_runs_at_once(client: Client) -> None:
     assert len(started) == len(completed) == batch
     span = (max(completed) - min(started)).total_seconds()
     assert seconds <= span < 2 * seconds, span
+
+
+def test_workers_collect_garbage_once_started(client: Client, workers: object) -> None:
+    # Given the session's workers (`chorus worker`: collections are off while
+    # one imports its modules and loads the model client)
+    # When a job's model and tool report their processes' collector
+    answer = json.loads(client.submit("collector-probe", "go").result(timeout=60))
+    # Then both collect again, with the startup heap frozen out of it
+    for process in ("model", "tools"):
+        assert answer[process]["enabled"] is True, answer
+        assert answer[process]["frozen"] > 100_000, answer
+
