@@ -248,4 +248,3 @@ def test_workers_collect_garbage_once_started(client: Client, workers: object) -
     for process in ("model", "tools"):
         assert answer[process]["enabled"] is True, answer
         assert answer[process]["frozen"] > 100_000, answer
-
