@@ -5,6 +5,8 @@ schema included), tool and MCP server it registered into
 ``chorus_registration`` (one upsert), then marks them as still registered
 every quarter of ``CHORUS_REGISTRATION_TTL`` (:class:`Publisher`, a thread
 of its main process; one UPDATE that touches only rows not marked lately).
+Every worker locks the rows in key order, so workers starting or marking
+together never deadlock.
 A client that submits an agent by a name it did not declare itself reads
 the rows (:func:`learn`) and validates against them: a client that only
 submits and follows imports no tool module.
@@ -48,8 +50,9 @@ _learnt_at = -FRESH_FOR
 
 
 def _registered() -> list[dict[str, Any]]:
-    """This process's registrations, as rows (their time left to the database)."""
-    return [
+    """This process's registrations, as rows (their time left to the
+    database), in key order: the order every worker locks them in."""
+    rows: list[dict[str, Any]] = [
         *(
             {"kind": AGENT, "name": n, "spec": registry.get_agent(n).model_dump(mode="json")}
             for n in registry.agent_names()
@@ -57,6 +60,7 @@ def _registered() -> list[dict[str, Any]]:
         *({"kind": TOOL, "name": n, "spec": None} for n in registry.tool_names()),
         *({"kind": TOOLSET, "name": n, "spec": None} for n in registry.toolset_names()),
     ]
+    return sorted(rows, key=lambda row: (row["kind"], row["name"]))
 
 
 def publish(rt: Runtime) -> int:
@@ -79,19 +83,25 @@ def publish(rt: Runtime) -> int:
 def refresh(rt: Runtime, every: float) -> int:
     """Mark this process's registrations as still registered, those not
     marked in the last ``every / 2`` seconds (another worker with the same
-    modules did the rest); how many rows."""
+    modules did the rest); how many rows.
+
+    The rows are locked in key order, skipping those another worker holds
+    (it is marking them now): two workers that mark the same rows at once
+    never wait on each other in opposite orders (a deadlock, which an
+    ``UPDATE ... WHERE IN`` alone allows, since its scan order is the
+    plan's)."""
+    key = tuple_(_ROWS.c.kind, _ROWS.c.name)
     keys = [(row["kind"], row["name"]) for row in _registered()]
     if not keys:
         return 0
+    stale = (
+        select(_ROWS.c.kind, _ROWS.c.name)
+        .where(key.in_(keys), _ROWS.c.updated_at < db_now(literal(-every / 2)))
+        .order_by(_ROWS.c.kind, _ROWS.c.name)
+        .with_for_update(skip_locked=True)
+    )
     with rt.session() as session:
-        result = session.execute(
-            update(_ROWS)
-            .where(
-                tuple_(_ROWS.c.kind, _ROWS.c.name).in_(keys),
-                _ROWS.c.updated_at < db_now(literal(-every / 2)),
-            )
-            .values(updated_at=db_now())
-        )
+        result = session.execute(update(_ROWS).where(key.in_(stale)).values(updated_at=db_now()))
         return int(result.rowcount)  # type: ignore[attr-defined]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,33 @@ def test_on_sqlite_a_name_nobody_marks_expires_and_one_marked_stays(tmp_path: Pa
     # Then the stopped worker's agent is unknown
     published.learn(rt)
     assert not registry.knows_agent("retired")
+
+
+def test_workers_publishing_and_marking_at_once_never_deadlock(settings: Settings) -> None:
+    # Given the registrations of the tests' modules, as every worker of the
+    # fleet has them
+    registry.load_modules(["tests.agents"])
+    rt = Runtime(settings)
+    failures: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for _ in range(15):
+                # a worker starting (its upsert) beside workers marking theirs
+                # (every row due: marked over 5 s ago, as far as they know)
+                if i % 2:
+                    published.publish(rt)
+                else:
+                    published.refresh(rt, -10.0)
+        except BaseException as exc:
+            failures.append(exc)
+
+    # When eight do so at once, over and over
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+
+    # Then none lost a deadlock (or failed otherwise)
+    assert failures == []
