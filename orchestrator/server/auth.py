@@ -39,6 +39,14 @@ def _principal(
     return found
 
 
+def still_valid(request: Request, principal: Principal) -> None:
+    """After a request waited (a result's ``wait``): its token must still
+    be valid for the answer, or the request ends with 401."""
+    with client_of(request).runtime.session() as session:
+        if not token_sql.unrevoked(session, [principal.token_id]):
+            raise AuthenticationError("the token was revoked while the request waited")
+
+
 def needs(scope: Scope) -> Callable[..., Principal]:
     """A dependency: the request's principal, if its scope allows ``scope``."""
 

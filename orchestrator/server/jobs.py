@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from orchestrator.client import Job
 from orchestrator.errors import JobFailedError, JobNotFinishedError
 from orchestrator.server import follow, listing, sse, tenants
-from orchestrator.server.auth import Reader, Submitter, client_of
+from orchestrator.server.auth import Reader, Submitter, client_of, still_valid
 from orchestrator.server.errors import COMMON, responses
 from orchestrator.server.models import JobCreated, JobPage, JobResult, JobUsage, SubmitRequest
 from orchestrator.server.params import Deltas, JobId, ResumeAfter, TraceParent
@@ -104,11 +104,13 @@ def usage(job_id: JobId, principal: Reader, request: Request) -> JobUsage:
     return JobUsage(usage=found.usage, tree_usage=found.tree_usage)
 
 
-def _finished(job: Job, wait: float) -> JobStatus:
-    """The job's status once it finished completed; waits up to ``wait`` s."""
+def _finished(request: Request, principal: Principal, job: Job, wait: float) -> JobStatus:
+    """The job's status once it finished completed; waits up to ``wait`` s
+    (then answers only a token that was not revoked meanwhile)."""
     if wait > 0:
         with contextlib.suppress(TimeoutError, JobFailedError):
             job.result(timeout=wait)
+        still_valid(request, principal)
     found = job.status()
     if found.status is TurnStatus.RUNNING:
         raise JobNotFinishedError(job.id)
@@ -123,7 +125,7 @@ Wait = Annotated[float, Query(ge=0, le=MAX_WAIT, description="Seconds to wait fo
 @router.get("/{job_id}/result", response_model=JobResult)
 def result(job_id: JobId, principal: Reader, request: Request, wait: Wait = 0) -> JobResult:
     """The answer of a completed job (409 while it runs, or if it failed)."""
-    found = _finished(_job(request, principal, job_id), wait)
+    found = _finished(request, principal, _job(request, principal, job_id), wait)
     return JobResult(
         job_id=found.job_id,
         status=found.status,
@@ -136,7 +138,7 @@ def result(job_id: JobId, principal: Reader, request: Request, wait: Wait = 0) -
 def output(job_id: JobId, principal: Reader, request: Request, wait: Wait = 0) -> Any:
     """The structured output of a completed job whose agent has an
     ``output`` model: the JSON it validated against it (null otherwise)."""
-    return _finished(_job(request, principal, job_id), wait).structured
+    return _finished(request, principal, _job(request, principal, job_id), wait).structured
 
 
 @router.post("/{job_id}/cancel", response_model=JobStatus)

@@ -280,6 +280,43 @@ def test_a_revoked_tokens_open_streams_end_within_the_bound(
         assert "tool.approved" not in [f.get("event") for f in follower.events()]
 
 
+def test_a_result_waited_for_is_not_given_to_a_token_revoked_meanwhile(
+    server: Server, settings: Settings, client: Client, acme: str
+) -> None:
+    # Given a job that waits for a person, and a token waiting for its result
+    token = make_token(client, "acme", "submit", "revoked-while-waiting")
+    with _http(server, token) as http:
+        job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "wait for me"}).json()
+    answers: list[tuple[float, httpx.Response]] = []
+
+    def wait_for_the_result() -> None:
+        with _http(server, token) as http:
+            found = http.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 25})
+            answers.append((time.monotonic(), found))
+
+    waiter = threading.Thread(target=wait_for_the_result)
+    waiter.start()
+    # When the token is revoked while it waits, and the job then completes
+    time.sleep(1.0)
+    revoked = _chorus(settings, "token", "revoke", token.split("_")[1])
+    assert revoked.returncode == 0, revoked.stderr
+    with _http(server, acme) as http:
+        [call] = http.get(
+            "/v1/approvals", params={"conversation_id": job["conversation_id"]}
+        ).json()
+        approved_at = time.monotonic()
+        assert http.post(f"/v1/approvals/{call['call_id']}", json={"decision": "approve"})
+    waiter.join(40)
+
+    # Then the waiting request (accepted before: it answers after the job
+    # ended) gets no result but a 401
+    [(answered_at, found)] = answers
+    assert answered_at > approved_at
+    assert found.status_code == 401, found.text
+    assert found.json()["type"] == "AuthenticationError"
+    assert "output" not in found.text
+
+
 @pytest.mark.parametrize(
     ("args", "field"),
     [
