@@ -239,15 +239,30 @@ def revoked_stream_ended(follower: Follower, revoked_at: float) -> None:
     assert all(at - revoked_at < REVOKED_WITHIN for at, _ in follower.frames)
 
 
+def _waiting_job(server: Server, client: Client, name: str) -> tuple[str, dict[str, str]]:
+    """A new submit token of acme named NAME, and the job it submitted,
+    which waits for a person (travel-desk's booking)."""
+    token = make_token(client, "acme", "submit", name)
+    with _http(server, token) as http:
+        job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": name}).json()
+    return token, dict(job)
+
+
+def _approve(server: Server, token: str, conversation_id: str) -> None:
+    """Approve the conversation's one waiting call, with TOKEN."""
+    with _http(server, token) as http:
+        [call] = http.get("/v1/approvals", params={"conversation_id": conversation_id}).json()
+        answer = http.post(f"/v1/approvals/{call['call_id']}", json={"decision": "approve"})
+        assert answer.status_code == 200, answer.text
+
+
 @pytest.mark.long
 def test_a_revoked_tokens_open_streams_end_within_the_bound(
     server: Server, settings: Settings, client: Client, acme: str
 ) -> None:
     # Given a token following a job that waits for a person, by its job's
     # stream and its conversation's, and another token following it too
-    token = make_token(client, "acme", "submit", "to-be-revoked")
-    with _http(server, token) as http:
-        job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "revoke me"}).json()
+    token, job = _waiting_job(server, client, "to-be-revoked")
     streams = [
         Follower(server, token, f"/v1/jobs/{job['job_id']}/events"),
         Follower(server, token, f"/v1/conversations/{job['conversation_id']}/events"),
@@ -267,12 +282,7 @@ def test_a_revoked_tokens_open_streams_end_within_the_bound(
         revoked_stream_ended(follower, revoked_at)
     # and the other token's stream goes on: it sees the call answered and the turn end
     assert not other.ended.is_set()
-    with _http(server, acme) as http:
-        [call] = http.get(
-            "/v1/approvals", params={"conversation_id": job["conversation_id"]}
-        ).json()
-        answer = http.post(f"/v1/approvals/{call['call_id']}", json={"decision": "approve"})
-        assert answer.status_code == 200, answer.text
+    _approve(server, acme, job["conversation_id"])
     assert other.ended.wait(30)
     names = [f["event"] for f in other.events()]
     assert names[-2:] == ["turn.completed", "end"] and "tool.approved" in names
@@ -284,9 +294,7 @@ def test_a_result_waited_for_is_not_given_to_a_token_revoked_meanwhile(
     server: Server, settings: Settings, client: Client, acme: str
 ) -> None:
     # Given a job that waits for a person, and a token waiting for its result
-    token = make_token(client, "acme", "submit", "revoked-while-waiting")
-    with _http(server, token) as http:
-        job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "wait for me"}).json()
+    token, job = _waiting_job(server, client, "revoked-while-waiting")
     answers: list[tuple[float, httpx.Response]] = []
 
     def wait_for_the_result() -> None:
@@ -300,12 +308,8 @@ def test_a_result_waited_for_is_not_given_to_a_token_revoked_meanwhile(
     time.sleep(1.0)
     revoked = _chorus(settings, "token", "revoke", token.split("_")[1])
     assert revoked.returncode == 0, revoked.stderr
-    with _http(server, acme) as http:
-        [call] = http.get(
-            "/v1/approvals", params={"conversation_id": job["conversation_id"]}
-        ).json()
-        approved_at = time.monotonic()
-        assert http.post(f"/v1/approvals/{call['call_id']}", json={"decision": "approve"})
+    approved_at = time.monotonic()
+    _approve(server, acme, job["conversation_id"])
     waiter.join(40)
 
     # Then the waiting request (accepted before: it answers after the job
