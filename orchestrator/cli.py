@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import click
@@ -681,10 +681,19 @@ def local(
         shown = redact(running.redis_url or "")
         console.print(f"redis: {shown} (embedded: {settings.embedded})", style="dim")
         console.print(f"state: {_where(running.db_url)}", style="dim")
+        until_stopped = None
+        if (
+            listener is not None
+        ):  # up while the job runs: a call waiting for a person can be answered
+            until_stopped = resources.enter_context(_serving_local(stack, listener))
         client = _client(running)
         job = client.submit(agent, text)
         stack.start_other_workers()
         console.print(f"job {job.id} conversation {job.conversation_id}")
+        if listener is not None:
+            url = dashboard_url(listener.getsockname()[1], job.id)
+            console.print(Text.assemble(("dashboard:", "bold"), f" {url}"))
+            console.print("log in with the token above (revoked when this stops)", style="dim")
         _follow(job)
         _report(job)
         client.close()
@@ -692,30 +701,36 @@ def local(
             console.print(
                 f"inspect it: sqlite3 {running.db_url.removeprefix('sqlite:///')}", style="dim"
             )
-        if listener is None:
+        if until_stopped is None:
             console.print(
                 f"see it on the dashboard: rerun with --serve, then open "
                 f"{dashboard_url(SERVE_PORT, job.id)}",
                 style="dim",
             )
             return
-        _serve_local(stack, listener, job.id)
+        console.print(f"{SERVING}: Ctrl-C stops the server and the stack", style="dim")
+        until_stopped()
         if stack.workers_failed:
             raise typer.Exit(1)
 
 
+#: What ``chorus local --serve`` prints once its job ended and it serves on.
+SERVING = "serving on"
 #: The tenant and name of the token ``chorus local --serve`` creates.
 LOCAL_TENANT = "local"
 LOCAL_TOKEN_NAME = "chorus local --serve"
 
 
-def _serve_local(stack: LocalStack, listener: socket.socket, job_id: str) -> None:
-    """Serve the HTTP API and the dashboard on LISTENER until SIGINT or
-    SIGTERM, with an admin token (jobs submitted by the Python client, as
-    this one, have no tenant: only an admin token sees them) printed once
-    and revoked when the server stops (or, if this process was killed,
-    by the next one serving the state directory's store alone)."""
-    from orchestrator.local import serving_lock
+@contextlib.contextmanager
+def _serving_local(stack: LocalStack, listener: socket.socket) -> Iterator[Callable[[], None]]:
+    """Serve the HTTP API and the dashboard on LISTENER while the block
+    runs (its job can be watched, and its calls approved, as it runs), with
+    an admin token (jobs submitted by the Python client, as this one, have
+    no tenant: only an admin token sees them) printed once and revoked when
+    the server stops (or, if this process was killed, by the next one
+    serving the state directory's store alone). Yields ``until_stopped``
+    (:func:`orchestrator.local.serving`)."""
+    from orchestrator.local import serving, serving_lock
     from orchestrator.runtime import Runtime
     from orchestrator.store import token_sql
 
@@ -728,31 +743,13 @@ def _serve_local(stack: LocalStack, listener: socket.socket, job_id: str) -> Non
                 token_sql.revoke_named(session, LOCAL_TENANT, LOCAL_TOKEN_NAME)
 
     with serving_lock(settings.state_dir, revoke_stale):
-        _serve_with_token(settings, listener, job_id)
-
-
-def _serve_with_token(settings: Settings, listener: socket.socket, job_id: str) -> None:
-    """:func:`_serve_local`'s server and token, in the serving lock."""
-    from orchestrator.local import dashboard_url, serve
-    from orchestrator.runtime import Runtime
-    from orchestrator.store import token_sql
-
-    prefix = _new_token(settings, LOCAL_TENANT, "admin", LOCAL_TOKEN_NAME)
-
-    def ready() -> None:
-        url = dashboard_url(listener.getsockname()[1], job_id)
-        console.print(Text.assemble(("dashboard:", "bold"), f" {url}"))
-        console.print(
-            "log in with the token above (revoked when this stops); "
-            "Ctrl-C stops the server and the stack",
-            style="dim",
-        )
-
-    try:
-        serve(settings, listener, ready)
-    finally:
-        with Runtime(settings).session() as session:
-            token_sql.revoke(session, prefix)
+        prefix = _new_token(settings, LOCAL_TENANT, "admin", LOCAL_TOKEN_NAME)
+        try:
+            with serving(settings, listener) as until_stopped:
+                yield until_stopped
+        finally:
+            with Runtime(settings).session() as session:
+                token_sql.revoke(session, prefix)
 
 
 #: Postgres's codes for an undefined table and an undefined column.

@@ -450,17 +450,23 @@ def serving_socket(port: int) -> socket.socket:
     return sock
 
 
-def serve(settings: Settings, sock: socket.socket, ready: Callable[[], None]) -> None:
+@contextmanager
+def serving(settings: Settings, sock: socket.socket) -> Iterator[Callable[[], None]]:
     """Serve the HTTP API and the dashboard (``chorus server``'s app) on
-    SOCK until SIGINT or SIGTERM; call READY once the server is up.
+    SOCK while the block runs, from a thread of its own (up when the block
+    starts); the block's ``until_stopped()`` serves on until SIGINT or
+    SIGTERM.
 
-    The server runs in a thread of its own and the signals are this
-    thread's: uvicorn's own handlers would raise the signal again once it
-    stopped, and SIGTERM's default action would end the process before
-    the stack's teardown (the workers' warm shutdown, Redis's snapshot).
-    A second signal closes what is still open at once."""
+    The signals are this thread's, and ``until_stopped`` takes them only
+    while it waits: uvicorn's own handlers would raise the signal again
+    once it stopped, and SIGTERM's default action would end the process
+    before the stack's teardown (the workers' warm shutdown, Redis's
+    snapshot). A second signal closes what is still open at once. Before
+    it (``chorus local --serve`` following its job), Ctrl-C interrupts the
+    block, which stops the server on its way out."""
     import uvicorn
 
+    from orchestrator.errors import ConfigurationError
     from orchestrator.server.app import create_app
 
     config = uvicorn.Config(
@@ -470,29 +476,30 @@ def serve(settings: Settings, sock: socket.socket, ready: Callable[[], None]) ->
         timeout_graceful_shutdown=SERVE_GRACE,
     )
     server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="chorus-local-server"
+    )
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         server.force_exit = server.should_exit
         server.should_exit = True
 
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="chorus-local-server"
-    )
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def until_stopped() -> None:
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while thread.is_alive():
+                thread.join(SERVE_POLL)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
     try:
         thread.start()
         while thread.is_alive() and not server.started:
             thread.join(SERVE_POLL / 10)
-        if server.started:
-            ready()
-        while thread.is_alive():
-            thread.join(SERVE_POLL)
+        if not server.started:
+            raise ConfigurationError("the HTTP server did not start; see the lines above")
+        yield until_stopped
     finally:
         server.should_exit = True
         thread.join()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if not server.started:
-        from orchestrator.errors import ConfigurationError
-
-        raise ConfigurationError("the HTTP server did not start; see the lines above")

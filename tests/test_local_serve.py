@@ -10,13 +10,14 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from orchestrator.local import serve, serving_lock, serving_socket
+from orchestrator.local import serving, serving_lock, serving_socket
 from orchestrator.settings import Settings
 from tests.conftest import ROOT
 from tests.server.conftest import free_port
@@ -30,6 +31,10 @@ TOKEN = re.compile(r"^(chorus_[0-9a-f]{8}_[0-9a-f]{48})$", re.M)
 DASHBOARD = re.compile(
     r"^dashboard: (http://127\.0\.0\.1:(\d+)/dashboard/jobs/([0-9a-f]{32}))$", re.M
 )
+#: An agent (of tests.approval_agents) and input whose booking waits for a person.
+BOOKING = ("travel-desk", "book me")
+#: The line once the job ended and it serves on.
+SERVING = re.compile(r"^serving on: Ctrl-C stops the server and the stack$", re.M)
 
 
 def _local_env(state: Path) -> dict[str, str]:
@@ -118,6 +123,7 @@ def test_serve_shows_the_job_just_run_until_ctrl_c(tmp_path: Path) -> None:
         # When it has run the example: it prints the job page's address and a token
         url, shown_port, job_id = _wait_for(out, DASHBOARD, proc).groups()
         assert int(shown_port) == port
+        _wait_for(out, SERVING, proc)
         token = TOKEN.search(out.read_text())
         assert token is not None, out.read_text()
         assert "(admin, tenant local); shown once, keep it:" in err.read_text()
@@ -216,19 +222,15 @@ def test_the_server_stops_on_sigterm_and_gives_the_signals_back(tmp_path: Path) 
     # Given the served app, on any free port (0), with this process's handlers
     settings = Settings(state_dir=tmp_path, redis_url="redis://127.0.0.1:1/0", modules=[])
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    answers: list[int] = []
-
-    def ready() -> None:
-        # When it answers, and then SIGTERM arrives
+    with serving_socket(0) as listener, serving(settings, listener) as until_stopped:
+        # When it answers, and then SIGTERM arrives while it serves on
         port = listener.getsockname()[1]
-        answers.append(httpx.get(f"http://127.0.0.1:{port}/v1/health").status_code)
-        os.kill(os.getpid(), signal.SIGTERM)
+        answer = httpx.get(f"http://127.0.0.1:{port}/v1/health").status_code
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        until_stopped()
 
-    with serving_socket(0) as listener:
-        serve(settings, listener, ready)
-
-    # Then serve returned (the process lives on) and the handlers are back
-    assert answers == [200]
+    # Then it returned (the process lives on) and the handlers are back
+    assert answer == 200
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
@@ -265,6 +267,7 @@ def test_a_killed_servers_stack_dies_with_it_and_its_token_is_revoked_by_the_nex
             start_new_session=True,
         )
         port = int(_wait_for(out, DASHBOARD, proc).group(2))
+        _wait_for(out, SERVING, proc)
         token = TOKEN.search(out.read_text())
         assert token is not None, out.read_text()
         return proc, out, token.group(1), port
@@ -296,3 +299,45 @@ def test_a_killed_servers_stack_dies_with_it_and_its_token_is_revoked_by_the_nex
         assert second.wait(STOP_TIMEOUT) == 0
     finally:
         _kill_leftovers(procs, stack)
+
+
+@pytest.mark.long
+def test_a_call_waiting_for_a_person_is_approved_while_the_job_runs(tmp_path: Path) -> None:
+    # Given `chorus local --serve` running an agent whose booking waits for a person
+    out = tmp_path / "out.txt"
+    proc = subprocess.Popen(
+        [*CHORUS, "local", "--serve", "--port", "0", "-m", "tests.approval_agents", *BOOKING],
+        cwd=ROOT,
+        env=_local_env(tmp_path / "state"),
+        stdout=out.open("wb"),
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    stack: dict[int, str] = {}
+    try:
+        # When the job page's address is printed, the server already answers
+        # for the running job, and its call is approved through the API
+        _, port, job_id = _wait_for(out, DASHBOARD, proc).groups()
+        token = TOKEN.search(out.read_text())
+        assert token is not None, out.read_text()
+        stack = _descendants(proc.pid)
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token[1]}"}
+        ) as http:
+            deadline = time.monotonic() + START_TIMEOUT
+            while not (waiting := http.get("/v1/approvals").json()):
+                assert time.monotonic() < deadline, out.read_text()
+                time.sleep(0.2)
+            [call] = waiting
+            assert http.get(f"/v1/jobs/{job_id}").json()["status"] == "running"
+            answered = http.post(f"/v1/approvals/{call['call_id']}", json={"decision": "approve"})
+            assert answered.status_code == 200, answered.text
+            # Then the job completes and `chorus local` serves on
+            _wait_for(out, SERVING, proc)
+            assert http.get(f"/v1/jobs/{job_id}").json()["status"] == "completed"
+        assert "booked LIS-123" in out.read_text()
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(STOP_TIMEOUT) == 0
+    finally:
+        _kill_leftovers([proc], stack)
