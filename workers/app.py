@@ -56,14 +56,18 @@ def prepare_worker(instance: Any = None, **_: Any) -> None:
     - the heap built at startup (litellm alone is ~400k objects) is frozen
       out of the garbage collector (:func:`startup_done`): a full collection
       over it stops every thread of the process for most of a second,
-      between admitting calls and sending them.
+      between admitting calls and sending them, whether the loading
+      succeeded or not (Celery logs a failure and the worker runs on: the
+      collector must not stay off for its lifetime).
     """
-    selected = instance.app.amqp.queues.consume_from if instance is not None else None
-    if not selected or QUEUES["chorus.step"] in selected:
-        warm()
-    if registry.toolset_names():
-        toolsets.load_client()
-    startup_done()
+    try:
+        selected = instance.app.amqp.queues.consume_from if instance is not None else None
+        if not selected or QUEUES["chorus.step"] in selected:
+            warm()
+        if registry.toolset_names():
+            toolsets.load_client()
+    finally:
+        startup_done()
 
 
 def startup_done(**_: Any) -> None:

@@ -9,16 +9,19 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from orchestrator import Client, Settings, published, registry
 from orchestrator.errors import UnknownAgentError
 from orchestrator.runtime import Runtime
 from orchestrator.store.migrate import upgrade
 from tests.conftest import ROOT, WorkerProcess
+from tests.faults import PrivateCluster
 
 pytestmark = pytest.mark.integration
 
@@ -125,3 +128,33 @@ def test_workers_publishing_and_marking_at_once_never_deadlock(settings: Setting
 
     # Then none lost a deadlock (or failed otherwise)
     assert failures == []
+
+
+def test_marking_goes_on_after_postgres_restarts() -> None:
+    # Given a worker's marking thread on a Postgres of this test alone
+    with PrivateCluster() as pg:
+        upgrade(pg.url)
+        registry.load_modules(["tests.agents"])
+        rt = Runtime(Settings(database_url=pg.url, registration_ttl=2.0))
+        marking = published.Publisher(rt).start()
+        try:
+            # When Postgres restarts under it (its connections cut mid-marking)
+            time.sleep(1.0)
+            pg.restart()
+            restarted = time.monotonic()
+            # Then the thread lives on and marks every row again afterwards
+            query = text(
+                "SELECT count(*) FILTER (WHERE updated_at > now() - :age), count(*)"
+                " FROM chorus_registration"
+            )
+            while True:
+                with Runtime(Settings(database_url=pg.url)).session() as session:
+                    age = timedelta(seconds=time.monotonic() - restarted)
+                    fresh, rows = session.execute(query, {"age": age}).one()
+                if fresh == rows > 0:
+                    break
+                assert time.monotonic() - restarted < 15, fresh
+                time.sleep(0.2)
+            assert marking._thread.is_alive()
+        finally:
+            marking.stop()

@@ -248,3 +248,33 @@ def test_workers_collect_garbage_once_started(client: Client, workers: object) -
     for process in ("model", "tools"):
         assert answer[process]["enabled"] is True, answer
         assert answer[process]["frozen"] > 100_000, answer
+
+
+def test_a_tools_worker_whose_mcp_client_fails_to_load_still_collects_garbage(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # Given a tools worker whose MCP client cannot load (a broken install:
+    # its `mcp_types` import fails), which logs that and goes on running
+    # plain tools, beside a model worker
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "mcp_types.py").write_text("raise ImportError('a broken install')\n")
+    own = _own(settings)
+    client = Client(own)
+    env = worker_env(own, PYTHONPATH=os.pathsep.join([str(broken), str(ROOT)]))
+    tools = Supervised(own, "broken-tools", "-Q", "tools", "-P", "threads", env=env)
+    model = WorkerProcess(own, "healthy-llm", "-Q", "llm,control")
+    try:
+        model.wait_ready(client)
+        deadline = time.monotonic() + 60
+        while not client.celery.control.ping(destination=[tools.node], timeout=0.5):
+            assert tools.proc.poll() is None, tools.log.read_text()
+            assert time.monotonic() < deadline, tools.log.read_text()
+        # When a job's tool reports its process's collector
+        answer = json.loads(client.submit("collector-probe", "go").result(timeout=60))
+    finally:
+        tools.kill()
+        model.stop()
+    # Then the failed loading did not leave collections off for good
+    assert "a broken install" in tools.log.read_text()
+    assert answer["tools"]["enabled"] is True, answer
