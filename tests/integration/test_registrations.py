@@ -155,6 +155,5 @@ def test_marking_goes_on_after_postgres_restarts() -> None:
                     break
                 assert time.monotonic() - restarted < 15, fresh
                 time.sleep(0.2)
-            assert marking._thread.is_alive()
         finally:
             marking.stop()
