@@ -104,7 +104,9 @@ def test_workers_publishing_and_marking_at_once_never_deadlock(settings: Setting
     # Given the registrations of the tests' modules, as every worker of the
     # fleet has them
     registry.load_modules(["tests.agents"])
-    rt = Runtime(settings)
+    # (a pool of its own that keeps one connection once done: the session's
+    # other tests share the server's max_connections)
+    rt = Runtime(settings.model_copy(update={"db_pool_size": 1, "db_pool_overflow": 8}))
     failures: list[BaseException] = []
 
     def worker(i: int) -> None:
