@@ -650,8 +650,9 @@ def local(
     Starts the bundled redis-server, a SQLite file and one worker process a
     core (their logs in STATE_DIR/workers.log), then runs an example (the
     trip-planning agent unless --example names another) or AGENT, and
-    follows it. With --serve, the dashboard then shows it (and every job
-    of the state directory) until Ctrl-C or SIGTERM stops everything.
+    follows it. With --serve, the dashboard shows it as it runs, and then
+    (with every job of the state directory) until Ctrl-C or SIGTERM stops
+    everything.
     """
     from orchestrator.errors import InvalidRequestError
     from orchestrator.local import SERVE_PORT, dashboard_url, local_stack, serving_socket
@@ -682,9 +683,8 @@ def local(
         console.print(f"redis: {shown} (embedded: {settings.embedded})", style="dim")
         console.print(f"state: {_where(running.db_url)}", style="dim")
         until_stopped = None
-        if (
-            listener is not None
-        ):  # up while the job runs: a call waiting for a person can be answered
+        # up while the job runs: a call waiting for a person can be answered
+        if listener is not None:
             until_stopped = resources.enter_context(_serving_local(stack, listener))
         client = _client(running)
         job = client.submit(agent, text)
