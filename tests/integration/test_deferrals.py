@@ -52,7 +52,7 @@ def test_retry_backoff_longer_than_the_stall_timeout_is_not_redispatched_early(
         sweeper_client.close()
     # and the sweeper sent nothing for it
     conversation_id = job.status().conversation_id
-    assert not [a for a in sweeper.sent if getattr(a, "conversation_id", None) == conversation_id]
+    assert not sweeper.sent_for(conversation_id)
     events = list(job.events(deltas=False, timeout=5))
     failed = [e for e in events if e.name is EventName.LLM_FAILED]
     requested = [e for e in events if e.name is EventName.LLM_REQUESTED]

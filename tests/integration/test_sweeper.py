@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -58,6 +58,13 @@ def private(settings: Settings) -> Iterator[Private]:
         c.close()
 
 
+def for_conversations(actions: Iterable[Action], conversation_ids: Container[str]) -> list[Action]:
+    """The actions for these conversations: a sweep reads the whole
+    database, which the session's other tests share (work they left, on
+    another prefix, is not this test's)."""
+    return [a for a in actions if getattr(a, "conversation_id", None) in conversation_ids]
+
+
 class Sweeper:
     """Runs the sweep the way ``chorus.sweep`` does, keeping what it sent."""
 
@@ -72,10 +79,8 @@ class Sweeper:
         return actions
 
     def sent_for(self, *conversation_ids: str) -> list[Action]:
-        """What it sent for these conversations: the sweep reads the whole
-        database, which the session's other tests share (work they left, on
-        another prefix, is not this test's)."""
-        return [a for a in self.sent if getattr(a, "conversation_id", None) in conversation_ids]
+        """What it sent for these conversations (:func:`for_conversations`)."""
+        return for_conversations(self.sent, conversation_ids)
 
 
 @contextmanager
@@ -230,7 +235,7 @@ def test_a_child_given_up_on_answers_its_parent(private: Private) -> None:
     deadline = time.monotonic() + 60
     while not any(isinstance(a, RunAdvance) for a in sent):
         assert time.monotonic() < deadline, "the sweeper never gave up on the child"
-        sent.extend(a for a in engine.sweep(rt) if getattr(a, "conversation_id", None) in tree)
+        sent.extend(for_conversations(engine.sweep(rt), tree))
         time.sleep(0.2)
 
     # Then the child's turn failed, and its failure is the parent's tool result
