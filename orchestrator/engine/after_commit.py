@@ -25,27 +25,12 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import bindparam, exists, select
-
 from orchestrator.engine.actions import Action, Dequeue, RunAdvance
 from orchestrator.keys import inbox
 from orchestrator.runtime import Runtime
-from orchestrator.store.statements import run, unfinished
-from orchestrator.store.tables import ToolCallRow, table
+from orchestrator.store.tool_call_sql import call_out
 
 log = logging.getLogger(__name__)
-
-_CALLS = table(ToolCallRow)
-
-#: Is a call of the segment still out?
-_CALL_OUT = select(
-    exists().where(
-        _CALLS.c.turn_id == bindparam("turn_id"),
-        _CALLS.c.step == bindparam("step"),
-        _CALLS.c.segment == bindparam("segment"),
-        unfinished(_CALLS.c.status),
-    )
-)
 
 
 def settle(rt: Runtime, actions: list[Action]) -> list[Action]:
@@ -66,15 +51,7 @@ def _not_needed(rt: Runtime, advances: list[RunAdvance], dequeues: list[Dequeue]
     found: list[Action] = []
     if advances:
         with rt.autocommit() as connection:
-            found += [
-                a
-                for a in advances
-                if run(
-                    connection,
-                    _CALL_OUT,
-                    {"turn_id": a.turn_id, "step": a.step, "segment": a.segment},
-                ).scalar()
-            ]
+            found += [a for a in advances if call_out(connection, a.turn_id, a.step, a.segment)]
     if dequeues:
         prefix = rt.settings.redis_prefix
         found += [d for d in dequeues if not rt.redis.xlen(inbox(prefix, d.conversation_id))]

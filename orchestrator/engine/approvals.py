@@ -55,8 +55,7 @@ from orchestrator.store.approval_sql import (
     CallState,
     call_state,
     expired_calls,
-    pending_query,
-    pending_record,
+    pending_calls,
     record_answer,
     start_waiting,
 )
@@ -185,9 +184,8 @@ def pending(
     tenant: str | None = None,
 ) -> list[PendingApproval]:
     """The calls waiting for an answer, oldest first (see
-    :func:`~orchestrator.store.approval_sql.pending_query`)."""
-    rows = session.execute(pending_query(conversation_id, agent, tool, limit, tenant)).all()
-    return [pending_record(row) for row in rows]
+    :func:`~orchestrator.store.approval_sql.pending_calls`)."""
+    return pending_calls(session, conversation_id, agent, tool, limit, tenant)
 
 
 def expire(rt: Runtime, limit: int = MAX_LISTED) -> list[Action]:

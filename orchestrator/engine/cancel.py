@@ -34,9 +34,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import redis
-from sqlalchemy import update
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from orchestrator.engine.actions import Action, Deadline, Revoke
 from orchestrator.engine.budget import exceeded, job_of, wall_time_left
@@ -47,7 +46,8 @@ from orchestrator.events import Outbox
 from orchestrator.keys import cancelled
 from orchestrator.runtime import Runtime
 from orchestrator.store.job_totals import lock_job
-from orchestrator.store.tables import CALL_FINISHED, Conversation, ToolCallRow, Turn, utcnow
+from orchestrator.store.stop_sql import cancel_calls, mark_stop, running_turns
+from orchestrator.store.tables import Conversation, Turn
 from schemas import EventName, TurnStatus
 
 log = logging.getLogger(__name__)
@@ -162,19 +162,11 @@ def _mark(rt: Runtime, job_id: str, status: TurnStatus, reason: str, budget: boo
             raise InvalidRequestError(f"no job {job_id!r}", ["job_id"])
         job = job_of(session, turn)  # a subagent's turn stops its whole job
         lock_job(session, job.id)
-        marked = session.execute(
-            update(Turn)
-            .where(
-                col(Turn.id) == job.id,
-                col(Turn.status) == TurnStatus.RUNNING.value,
-                col(Turn.stop_status).is_(None),
-            )
-            .values(stop_status=status.value, stop_reason=reason)
-        )
+        marked = mark_stop(session, job.id, status.value, reason)
         session.refresh(job)
         if job.status != TurnStatus.RUNNING.value:
             return None
-        if budget and marked.rowcount == 1:  # type: ignore[attr-defined]
+        if budget and marked:
             conv = session.get(Conversation, job.conversation_id)
             assert conv is not None
             outbox.record(
@@ -216,14 +208,7 @@ def _running(rt: Runtime, job: Turn) -> list[Turn]:
     """The tree's running turns: deepest first, the job's own turn last, so
     the job's end is the tree's last event."""
     with rt.session() as session:
-        rows = session.exec(
-            select(Turn, Conversation.depth)
-            .join(Conversation, col(Conversation.id) == Turn.conversation_id)
-            .where(
-                Turn.correlation_id == job.correlation_id,
-                Turn.status == TurnStatus.RUNNING.value,
-            )
-        ).all()
+        rows = running_turns(session, job.correlation_id)
     ordered = sorted(rows, key=lambda r: (r[0].id == job.id, -r[1], -r[0].started_at.timestamp()))
     return [turn for turn, _depth in ordered]
 
@@ -252,17 +237,7 @@ def _end_turn(
 
 
 def _cancel_calls(session: Session, outbox: Outbox, conv: Conversation, turn: Turn) -> list[str]:
-    cancelled_calls = session.execute(
-        update(ToolCallRow)
-        .where(col(ToolCallRow.turn_id) == turn.id, col(ToolCallRow.status).not_in(CALL_FINISHED))
-        .values(status="cancelled", result="cancelled", is_error=True, finished_at=utcnow())
-        .returning(
-            col(ToolCallRow.id),
-            col(ToolCallRow.tool),
-            col(ToolCallRow.tool_request_id),
-            col(ToolCallRow.step),
-        )
-    ).all()
+    cancelled_calls = cancel_calls(session, turn.id)
     for call in sorted(cancelled_calls, key=lambda c: (c.step, c.id)):
         outbox.record_call(
             EventName.SUBAGENT_STOPPED if is_subagent_call(call.tool) else EventName.TOOL_CANCELLED,

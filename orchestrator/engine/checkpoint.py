@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from sqlalchemy import update
-from sqlmodel import Session, col
+from sqlmodel import Session
 
 from orchestrator.engine.actions import Action, TakeCheckpoint
 from orchestrator.engine.budget import record_paid
@@ -33,7 +32,7 @@ from orchestrator.store.conversation_sql import (
     new_conversation,
     start_conversation,
 )
-from orchestrator.store.job_totals import lock_job
+from orchestrator.store.job_totals import add_usage, lock_job
 from orchestrator.store.tables import CheckpointRow, Conversation, MessageRow, Turn
 from schemas import (
     AgentSpec,
@@ -133,24 +132,10 @@ def _add_usage(
     conversation, the turn and the job's tree (a model call of the job's
     ``steps`` budget), with a ``usage`` event. Locks in the one order: the
     conversation, the job's root row, the turn, the job's turn."""
-    _add_to(session, Conversation, conv.id, usage)
+    add_usage(session, Conversation, conv.id, usage)
     lock_job(session, turn.job_id or turn.id)
-    _add_to(session, Turn, turn.id, usage)
+    add_usage(session, Turn, turn.id, usage)
     record_paid(session, outbox, conv, turn, turn.steps, usage, checkpoint=True)
-
-
-def _add_to(
-    session: Session, table: type[Conversation] | type[Turn], row_id: str, usage: Usage
-) -> None:
-    session.execute(
-        update(table)
-        .where(col(table.id) == row_id)
-        .values(
-            input_tokens=col(table.input_tokens) + usage.input_tokens,
-            output_tokens=col(table.output_tokens) + usage.output_tokens,
-            cost_usd=col(table.cost_usd) + usage.cost_usd,
-        )
-    )
 
 
 def _turn_of(summarizer_id: str) -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import delete
-from sqlmodel import Session, col
+from sqlmodel import Session
 
 from orchestrator.engine.cursor import move_cursor
 from orchestrator.errors import (
@@ -21,6 +20,7 @@ from orchestrator.store.conversation_sql import (
     new_conversation,
     start_conversation,
 )
+from orchestrator.store.history_sql import delete_messages
 from orchestrator.store.tables import Conversation, MessageRow, new_id
 from orchestrator.store.values import check
 from schemas import ConversationState, Message
@@ -63,10 +63,7 @@ def clear(rt: Runtime, conversation_id: str) -> int:
     with rt.session() as session:
         conv = load_idle(session, conversation_id)
         _claim(session, conv, plan=None)
-        result = session.execute(
-            delete(MessageRow).where(col(MessageRow.conversation_id) == conversation_id)
-        )
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return delete_messages(session, conversation_id)
 
 
 def load(
@@ -85,9 +82,7 @@ def load(
     with rt.session() as session:
         conv = load_idle(session, conversation_id)
         _claim(session, conv, plan=None)
-        session.execute(
-            delete(MessageRow).where(col(MessageRow.conversation_id) == conversation_id)
-        )
+        delete_messages(session, conversation_id)
         batch = f"load:{new_id()}"
         for index, message in enumerate(checked):
             session.add(

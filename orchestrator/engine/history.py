@@ -35,18 +35,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, bindparam, case
-from sqlalchemy import select as select_columns
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from orchestrator import context
 from orchestrator.context import TransformContext
 from orchestrator.engine.tool_outputs import holds_view
 from orchestrator.llm.call import openai_messages, system_message
 from orchestrator.ratelimit import json_chars
-from orchestrator.store.db import Db, connection_of
-from orchestrator.store.fast_executor import execute
-from orchestrator.store.tables import CheckpointRow, MessageRow, table
+from orchestrator.store.db import Db
+from orchestrator.store.history_sql import (
+    checkpoint_summary,
+    message_contents,
+    message_rows,
+    stored_messages,
+)
+from orchestrator.store.history_sql import latest_checkpoint as checkpoint_row
+from orchestrator.store.tables import MessageRow
 from orchestrator.tools.names import alias
 from schemas import AgentSpec, Message, Role, Usage, content_blocks_adapter
 
@@ -78,72 +82,7 @@ def load_history(session: Session, conversation_id: str) -> list[Message]:
 
 def load_rows(session: Session, conversation_id: str, after: int = 0) -> list[MessageRow]:
     """The conversation's stored messages with an id above ``after``, in order."""
-    return list(
-        session.exec(
-            select(MessageRow)
-            .where(MessageRow.conversation_id == conversation_id, col(MessageRow.id) > after)
-            .order_by(col(MessageRow.id))
-        ).all()
-    )
-
-
-# Statements built once and executed with parameters (``b_…``): building
-# them per call and generating their cache keys cost more CPU than running
-# them. Plain rows of the tables, no ORM entities.
-
-_CHECKPOINTS = table(CheckpointRow)
-_MESSAGES = table(MessageRow)
-
-_LATEST_CHECKPOINT = (
-    select_columns(_CHECKPOINTS.c.boundary_message_id, _CHECKPOINTS.c.summary)
-    .where(_CHECKPOINTS.c.conversation_id == bindparam("b_conv"))
-    .order_by(_CHECKPOINTS.c.id.desc())
-    .limit(1)
-)
-
-#: The boundary message of the conversation's latest checkpoint (NULL: none).
-_BOUNDARY = _LATEST_CHECKPOINT.with_only_columns(
-    _CHECKPOINTS.c.boundary_message_id
-).scalar_subquery()
-#: The summary of its latest checkpoint with boundary ``b_boundary``.
-_SUMMARY = (
-    select_columns(_CHECKPOINTS.c.summary)
-    .where(
-        _CHECKPOINTS.c.conversation_id == bindparam("b_conv"),
-        _CHECKPOINTS.c.boundary_message_id == bindparam("b_boundary"),
-    )
-    .order_by(_CHECKPOINTS.c.id.desc())
-    .limit(1)
-)
-
-#: A step's messages (:func:`_load_stored`), each row with the latest
-#: checkpoint's boundary (one statement for both): the content only of rows
-#: newer than the cache's newest (``b_newest``); with ``b_skip``, only from
-#: the boundary on.
-_STORED = (
-    select_columns(
-        _MESSAGES.c.id,
-        _MESSAGES.c.created_at,
-        _MESSAGES.c.role,
-        _MESSAGES.c.input_tokens,
-        _MESSAGES.c.output_tokens,
-        _MESSAGES.c.cost_usd,
-        case((_MESSAGES.c.id > bindparam("b_newest"), _MESSAGES.c.content), else_=None),
-        _BOUNDARY,
-    )
-    .where(
-        _MESSAGES.c.conversation_id == bindparam("b_conv"),
-        _MESSAGES.c.id
-        > case(
-            (bindparam("b_skip", type_=Boolean) & _BOUNDARY.is_not(None), _BOUNDARY - 1),
-            else_=0,
-        ),
-    )
-    .order_by(_MESSAGES.c.id)
-)
-_CONTENTS = select_columns(_MESSAGES.c.id, _MESSAGES.c.content).where(
-    _MESSAGES.c.id.in_(bindparam("b_ids", expanding=True))
-)
+    return message_rows(session, conversation_id, after)
 
 
 @dataclass(frozen=True)
@@ -155,8 +94,8 @@ class CheckpointSummary:
 
 
 def latest_checkpoint(session: Session, conversation_id: str) -> CheckpointSummary | None:
-    row = session.execute(_LATEST_CHECKPOINT, {"b_conv": conversation_id}).first()
-    return None if row is None else CheckpointSummary(*row)
+    row = checkpoint_row(session, conversation_id)
+    return None if row is None else CheckpointSummary(row[0], row[1])
 
 
 # --- the per-process cache of stored messages -------------------------------
@@ -252,15 +191,12 @@ def _load_stored(
     cache's newest, and for any older one it does not hold (evicted, or
     committed late)."""
     newest = cache.newest(conversation_id)
-    connection = connection_of(db)  # plain rows: no ORM loading per row
-    rows = execute(
-        connection, _STORED, {"b_conv": conversation_id, "b_skip": skip, "b_newest": newest}
-    ).all()
+    rows = stored_messages(db, conversation_id, skip, newest)
     known = cache.get(conversation_id, [(row[0], row[1]) for row in rows])
     contents: dict[int, list[dict[str, Any]]] = {r[0]: r[6] for r in rows if r[6] is not None}
     missing = [row[0] for row in rows if row[0] not in known and row[0] not in contents]
     if missing:
-        for row_id, content in connection.execute(_CONTENTS, {"b_ids": missing}):
+        for row_id, content in message_contents(db, missing):
             contents[row_id] = content
     new = {
         row_id: (created, _stored(_message(role, contents[row_id], tokens_in, tokens_out, cost)))
@@ -298,10 +234,7 @@ def _context(db: Db, conversation_id: str, agent: AgentSpec) -> tuple[list[Messa
     boundary = ids.index(boundary_id) if boundary_id in ids else None
     summary = None
     if boundary_id is not None:  # a second statement only for a conversation with a checkpoint
-        found = execute(
-            connection_of(db), _SUMMARY, {"b_conv": conversation_id, "b_boundary": boundary_id}
-        )
-        summary = found.scalar()
+        summary = checkpoint_summary(db, conversation_id, boundary_id)
     ctx = TransformContext(agent=agent, boundary=boundary, summary=summary)
     stored = [entry for _, entry in loaded]
     return context.apply([entry.message for entry in stored], ctx), stored

@@ -33,9 +33,7 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import bindparam, func
-from sqlalchemy import select as core_select
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from orchestrator.engine.actions import Action, Dequeue
 from orchestrator.engine.turns import check_input, check_job_data, start_turn
@@ -46,8 +44,8 @@ from orchestrator.errors import (
 )
 from orchestrator.keys import inbox, inboxes, inboxes_restored
 from orchestrator.runtime import Runtime
-from orchestrator.store.statements import run
-from orchestrator.store.tables import Conversation, EventRow, Turn, table
+from orchestrator.store.inbox_sql import dequeue_state, idle_among, inbox_events
+from orchestrator.store.tables import Conversation, Turn
 from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest, MessageOptions
 
 log = logging.getLogger(__name__)
@@ -121,28 +119,6 @@ def clear(rt: Runtime, conversation_id: str) -> int:
     return count
 
 
-_CONVERSATIONS = table(Conversation)
-_LAST = table(Turn).alias("last_turn")
-_JOB = table(Turn).alias("last_job")
-#: What :func:`dequeue` reads (a pre-built Core select): the conversation,
-#: and what its last job (the job of its latest turn) ran with.
-_STATE = (
-    core_select(
-        _CONVERSATIONS.c.state,
-        _CONVERSATIONS.c.agent_spec,
-        _CONVERSATIONS.c.priority,
-        _JOB.c.context_data,
-        _JOB.c.budget,
-    )
-    .select_from(
-        _CONVERSATIONS.outerjoin(_LAST, _LAST.c.id == _CONVERSATIONS.c.turn_id).outerjoin(
-            _JOB, _JOB.c.id == func.coalesce(_LAST.c.job_id, _LAST.c.id)
-        )
-    )
-    .where(_CONVERSATIONS.c.id == bindparam("id"))
-)
-
-
 def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
     """Start a turn for the oldest queued message if the conversation is idle."""
     key = inbox(rt.settings.redis_prefix, conversation_id)
@@ -154,7 +130,7 @@ def dequeue(rt: Runtime, conversation_id: str) -> list[Action]:
         entry_id, fields = entries[0]
         original = fields.get("entry", entry_id)  # a rebuilt entry keeps its first id
         with rt.session() as session:
-            conv = run(session, _STATE, {"id": conversation_id}).first()
+            conv = dequeue_state(session, conversation_id)
         if conv is None:
             rt.redis.delete(key)
             _forget(rt, conversation_id)
@@ -248,20 +224,8 @@ def waiting_inboxes(rt: Runtime, stall: float, limit: int) -> list[Action]:
     if not waiting:
         return []
     with rt.session() as session:
-        idle = session.exec(
-            select(Conversation.id).where(
-                col(Conversation.id).in_(waiting),
-                Conversation.state == ConversationState.IDLE.value,
-            )
-        ).all()
+        idle = idle_among(session, waiting)
     return [Dequeue(conversation_id) for conversation_id in idle]
-
-
-_INBOX_EVENTS = (
-    EventName.MESSAGE_QUEUED.value,
-    EventName.MESSAGE_DEQUEUED.value,
-    EventName.QUEUE_CLEARED.value,
-)
 
 
 def restore_inboxes(rt: Runtime) -> int:
@@ -269,11 +233,7 @@ def restore_inboxes(rt: Runtime) -> int:
     dequeued nor cleared since, that its inbox no longer holds (Redis lost
     its data). Returns how many were re-queued."""
     with rt.session() as session:
-        rows = session.exec(
-            select(EventRow.conversation_id, EventRow.name, EventRow.data)
-            .where(col(EventRow.name).in_(_INBOX_EVENTS))
-            .order_by(col(EventRow.root_id), col(EventRow.seq))
-        ).all()
+        rows = inbox_events(session)
     pending: dict[str, dict[str, dict[str, str]]] = defaultdict(dict)
     for conversation_id, name, data in rows:
         if name == EventName.QUEUE_CLEARED.value:

@@ -14,32 +14,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import bindparam, update
-
+from orchestrator.periodic import Periodic
 from orchestrator.runtime import Runtime
-from orchestrator.store.clock import db_now
-from orchestrator.store.tables import Conversation, table
+from orchestrator.store.step_sql import renew_leases
 
 log = logging.getLogger(__name__)
-
-_CONVERSATIONS = table(Conversation)
-
-#: The heartbeat's one UPDATE, built once: by primary key, then owner (no
-#: scan of the table); it returns the owners whose leases it extended.
-_RENEW = (
-    update(_CONVERSATIONS)
-    .where(
-        _CONVERSATIONS.c.id.in_(bindparam("b_ids", expanding=True)),
-        _CONVERSATIONS.c.lease_owner.in_(bindparam("b_owners", expanding=True)),
-    )
-    .values(lease_until=db_now(bindparam("b_lease")))  # the database's clock
-    .returning(_CONVERSATIONS.c.lease_owner)
-)
 
 
 @dataclass
@@ -58,7 +41,7 @@ class Heartbeat:
         self.rt = rt
         self._leases: dict[str, Lease] = {}
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._beat: Periodic | None = None
         self._pid = 0
 
     @property
@@ -80,20 +63,13 @@ class Heartbeat:
                 self._leases.pop(owner, None)
 
     def _start(self) -> None:
-        """Start the thread on first use, and again in a forked child."""
-        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+        """Start the thread on first use, and again in a forked child (the
+        parent's thread does not run there)."""
+        if self._beat is not None and self._pid == os.getpid():
             return
         self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._run, name="chorus-lease", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(self.interval)
-            try:
-                self.renew()
-            except Exception:  # the database may be away for a moment; try again
-                log.warning("could not renew model-call leases", exc_info=True)
+        failing = "could not renew model-call leases"
+        self._beat = Periodic("chorus-lease", self.interval, self.renew, failing).start()
 
     def renew(self) -> None:
         """Extend every held lease in one UPDATE; mark the ones no longer ours lost."""
@@ -101,13 +77,9 @@ class Heartbeat:
             held = dict(self._leases)
         if not held:
             return
-        params = {
-            "b_ids": sorted({x.conversation_id for x in held.values()}),
-            "b_owners": list(held),
-            "b_lease": self.rt.settings.lease_seconds,
-        }
-        with self.rt.autocommit() as connection:  # one statement: its own transaction
-            kept = set(connection.execute(_RENEW, params).scalars())
+        ids = sorted({x.conversation_id for x in held.values()})
+        with self.rt.autocommit() as connection:
+            kept = renew_leases(connection, ids, list(held), self.rt.settings.lease_seconds)
         for owner, lease in held.items():
             if owner not in kept:
                 log.warning("lease of %s lost to another owner", lease.conversation_id)

@@ -45,16 +45,16 @@ from orchestrator.events import ConversationIds, Outbox, TurnIds
 from orchestrator.llm.call import ModelReply
 from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db
-from orchestrator.store.job_totals import TREE_TOOL_CALLS, lock_job, tree_params
+from orchestrator.store.job_totals import lock_job, tree_params, tree_tool_calls
 from orchestrator.store.rows import ConversationRow, TurnRow
 from orchestrator.store.statements import NewRow, new_row_params
 from orchestrator.store.step_sql import (
-    OWNED,
-    STORE_CALLS,
-    STORE_MESSAGE,
     Leased,
-    release,
+    owned_rows,
+    release_owned,
     store_batch,
+    store_calls,
+    store_message,
     store_reply,
 )
 from orchestrator.store.tables import (
@@ -63,7 +63,6 @@ from orchestrator.store.tables import (
     ToolCallRow,
     Turn,
     new_id,
-    table,
     utcnow,
 )
 from schemas import (
@@ -87,7 +86,7 @@ def load_owned(
     ``owner`` holds the lease at ``step``."""
     # The conversation row first: the one lock order (docs/architecture.md)
     # that a stop follows too.
-    found = session.execute(OWNED, {"b_conv": conversation_id, "b_turn": turn_id}).first()
+    found = owned_rows(session, conversation_id, turn_id)
     if found is None:
         return None
     conv, turn, job = found
@@ -185,7 +184,7 @@ def _tool_calls_left(session: Session, conv: Conversation, job: Turn) -> int | N
         return None
     if conv.id != conv.root_id:
         lock_job(session, job.id)
-    used = session.execute(TREE_TOOL_CALLS, {"b_job": job.id}).scalar_one()
+    used = tree_tool_calls(session, job.id)
     set_committed_value(job, "tree_tool_calls", used)
     return tool_calls_left(job)
 
@@ -218,11 +217,9 @@ def record_unstored(rt: Runtime, ids: tuple[str, str, int], owner: str, reply: M
     try:
         with rt.transaction() as (session, outbox):
             # the conversation's row first: the one lock order
-            released = session.execute(
-                release(True, frozenset()).returning(table(Conversation).c.id),
-                {"b_conv": conversation_id, "b_owner": owner},
-            ).first()
-            if released is None:  # stored (that gave the lease up), or the lease was lost
+            if not release_owned(
+                session, conversation_id, owner
+            ):  # stored (that gave the lease up), or the lease was lost
                 return
             conv = session.get(Conversation, conversation_id)
             turn = session.get(Turn, turn_id)
@@ -483,7 +480,7 @@ def _record_calls(
     ):
         return None
     rows, tasks = _call_rows(session, outbox, where, step, meaning)
-    session.execute(STORE_CALLS, rows)
+    store_calls(session, rows)
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
 
@@ -598,8 +595,8 @@ def _nudge(
         **totals,
     ):
         return None
-    session.execute(
-        STORE_MESSAGE,
+    store_message(
+        session,
         {
             "conversation_id": conv.id,
             "turn_id": turn_id,

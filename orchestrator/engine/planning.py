@@ -15,11 +15,11 @@ from collections import Counter
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import update
-from sqlmodel import Session, col
+from sqlmodel import Session
 
 from orchestrator.errors import InvalidRequestError, invalid
 from orchestrator.events import Outbox
+from orchestrator.store.history_sql import store_plan
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn
 from orchestrator.store.values import check
 from schemas import AgentSpec, EventName, TodoItem, ToolSpec
@@ -109,7 +109,7 @@ def update_plan(
     except InvalidRequestError as exc:
         return f"Error: the plan was not updated: {exc}", True
     stored = [item.model_dump() for item in plan]
-    session.execute(update(Conversation).where(col(Conversation.id) == conv.id).values(plan=stored))
+    store_plan(session, conv.id, stored)
     outbox.record(
         EventName.PLAN_UPDATED,
         conv,

@@ -32,9 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, literal, or_, update
-from sqlmodel import Session, col, select
-from sqlmodel.sql.expression import SelectOfScalar
+from sqlmodel import Session
 
 from orchestrator import registry
 from orchestrator.celery_conf import QUEUES
@@ -57,14 +55,13 @@ from orchestrator.engine.subagents import is_subagent_call
 from orchestrator.errors import ChorusError, UnknownToolError
 from orchestrator.readers import count_readers
 from orchestrator.runtime import Runtime
-from orchestrator.store.clock import NOW, db_now, shifted
+from orchestrator.store.sweep_sql import count_redispatch, jobs_to_stop, position_calls, stalled
 from orchestrator.store.tables import (
     AWAITING_APPROVAL,
     CALL_FINISHED,
     Conversation,
     ToolCallRow,
     Turn,
-    table,
 )
 from schemas import ConversationState, EventName, TurnStatus
 
@@ -82,13 +79,7 @@ def _segment_action(
     session: Session, conv: Conversation, stall: float, now: datetime
 ) -> Action | None:
     assert conv.turn_id is not None
-    calls = session.exec(
-        select(ToolCallRow).where(
-            ToolCallRow.turn_id == conv.turn_id,
-            ToolCallRow.step == conv.cursor_step,
-            ToolCallRow.segment == conv.cursor_segment,
-        )
-    ).all()
+    calls = position_calls(session, conv.turn_id, conv.cursor_step, conv.cursor_segment)
     for c in calls:
         if c.status != "running":
             continue
@@ -144,25 +135,6 @@ def _in_flight(broker: BrokerView, action: Action, stall: float) -> bool:
 def _waiting_in(broker: BrokerView, action: Action) -> list[str]:
     """The queues in which a task of this position waits (not delivered)."""
     return sorted({queue for task_id, queue in _tasks(action) if broker.waiting(task_id, queue)})
-
-
-def stalled_query(stall: float) -> SelectOfScalar[str]:
-    """Ids of running conversations whose cursor has not moved for ``stall``
-    seconds (the database's clock), oldest first (each one's own back-off
-    is checked after)."""
-    ago = db_now(literal(-stall))
-    return (
-        select(Conversation.id)
-        .where(
-            Conversation.state == ConversationState.RUNNING.value,
-            col(Conversation.progress_at) < ago,
-            or_(  # a deferred step (retry, rate limit) is not stalled before it is due
-                col(Conversation.due_at).is_(None),
-                col(Conversation.due_at) < ago,
-            ),
-        )
-        .order_by(col(Conversation.progress_at))
-    )
 
 
 def _backed_off(conv: Conversation, now: datetime, stall: float) -> bool:
@@ -234,18 +206,9 @@ def _redispatch(rt: Runtime, candidate: _Candidate, unread: Sequence[str] = ()) 
     if candidate.redispatches >= rt.settings.max_redispatches:
         return _give_up(rt, candidate.conversation_id, candidate.version, unread)
     with rt.transaction() as (session, outbox):
-        # Restart the stall clock and count the re-dispatch; the version is
-        # untouched, so a copy already running still matches the cursor.
-        moved = session.execute(
-            update(Conversation)
-            .where(
-                col(Conversation.id) == candidate.conversation_id,
-                col(Conversation.version) == candidate.version,
-                col(Conversation.redispatches) == candidate.redispatches,
-            )
-            .values(progress_at=db_now(), redispatches=candidate.redispatches + 1)
-        )
-        if moved.rowcount != 1:  # type: ignore[attr-defined]
+        if not count_redispatch(
+            session, candidate.conversation_id, candidate.version, candidate.redispatches
+        ):
             return []
         if unread:
             conv = session.get(Conversation, candidate.conversation_id)
@@ -298,9 +261,8 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
     waiting messages. Returns what to dispatch."""
     stall = rt.settings.stall_timeout
     with rt.session() as session:
-        now: datetime = session.execute(NOW).scalar_one()
-        stalled = session.exec(stalled_query(stall).limit(limit)).all()
-    candidates = [c for cid in stalled if (c := _candidate(rt, cid, now)) is not None]
+        now, ids = stalled(session, stall, limit)
+    candidates = [c for cid in ids if (c := _candidate(rt, cid, now)) is not None]
     # The broker is read after the database: a task sent after the state we
     # read (its sender commits, then sends) is already in a queue, or the
     # message of the task that sent it is still unacknowledged. The queues
@@ -326,24 +288,9 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Action]:
 
 def _finish_stops(rt: Runtime, limit: int) -> list[Action]:
     """Stop what should be stopping: marked jobs still running, and jobs
-    whose wall-time budget is spent (on the database's clock). Only those
-    are read, oldest first, so however many running jobs have a wall-time
-    budget, every one past it is reached."""
-    wall = col(Turn.budget)["wall_seconds"].as_float()
+    whose wall-time budget is spent (:func:`jobs_to_stop`)."""
     with rt.session() as session:
-        jobs = session.exec(
-            select(Turn)
-            .where(
-                Turn.status == TurnStatus.RUNNING.value,
-                col(Turn.job_id) == col(Turn.id),
-                or_(
-                    col(Turn.stop_status).is_not(None),
-                    and_(wall.is_not(None), shifted(table(Turn).c.started_at, wall) <= db_now()),
-                ),
-            )
-            .order_by(col(Turn.started_at))
-            .limit(limit)
-        ).all()
+        jobs = jobs_to_stop(session, limit)
     actions: list[Action] = []
     for job in jobs:
         try:

@@ -15,7 +15,6 @@ import kombu.exceptions
 import redis
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-from sqlmodel import col, select
 
 from orchestrator.engine.actions import Action
 from orchestrator.engine.cursor import finish_turn, is_current
@@ -75,7 +74,7 @@ def fail_at(
 def fail_call(rt: Runtime, call_id: str, error: str) -> list[Action]:
     """Fail the turn of tool call ``call_id`` if its segment is still current."""
     with rt.session() as session:
-        call = session.exec(select(ToolCallRow).where(col(ToolCallRow.id) == call_id)).first()
+        call = session.get(ToolCallRow, call_id)
         if call is None:
             return []
         where = (call.conversation_id, call.turn_id, call.step, call.segment)

@@ -24,9 +24,9 @@ import json
 import re
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
-from orchestrator.store.tables import Conversation, ToolCallRow
+from orchestrator.store.tool_call_sql import archived_result
 from schemas import AgentSpec, Message, ToolResultBlock, ToolSpec
 from schemas.specs import READ_TOOL_OUTPUT
 
@@ -117,18 +117,10 @@ def read_output_tool(spec: AgentSpec, cut: bool = True) -> ToolSpec | None:
 def archived(session: Session, root_id: str, handle: str) -> Any:
     """The archived result of call ``handle`` in the tree ``root_id``;
     LookupError if there is none (another tree's, or not archived)."""
-    found = session.exec(
-        select(ToolCallRow.result)
-        .join(Conversation, col(Conversation.id) == ToolCallRow.conversation_id)
-        .where(
-            col(ToolCallRow.id) == handle,
-            col(Conversation.root_id) == root_id,
-            col(ToolCallRow.view_chars).is_not(None),
-        )
-    ).first()
+    found = archived_result(session, root_id, handle)
     if found is None:
         raise LookupError(handle)
-    return found
+    return found[0]
 
 
 def read_output(session: Session, root_id: str, params: dict[str, Any], limit: int) -> str:

@@ -6,7 +6,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -21,10 +20,11 @@ from orchestrator.policies import check_policies
 from orchestrator.runtime import Runtime
 from orchestrator.settings import Settings
 from orchestrator.spec_checks import check_inline, check_spec
-from orchestrator.store.statements import NewRow, insert_new, run
-from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, table, utcnow
+from orchestrator.store.conversation_sql import first_message, new_conversation, turn_by_key
+from orchestrator.store.statements import NewRow, insert_new
+from orchestrator.store.tables import Conversation, MessageRow, Turn, new_id, utcnow
 from orchestrator.store.values import check
-from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest, TextBlock
+from schemas import AgentSpec, Budget, ConversationState, EventName, JobRequest
 from schemas.jobs import MAX_CONTEXT_BYTES
 
 
@@ -112,16 +112,10 @@ def check_job_data(context_data: dict[str, Any] | None, budget: Budget | None) -
         )
 
 
-_TURNS = table(Turn)
-_BY_KEY = select(_TURNS.c.id, _TURNS.c.conversation_id, _TURNS.c.root_id).where(
-    _TURNS.c.idempotency_key == bindparam("key")
-)
-
-
 def _existing(session: Session, key: str | None) -> JobRef | None:
     if key is None:
         return None
-    found = run(session, _BY_KEY, {"key": key}).first()
+    found = turn_by_key(session, key)
     return JobRef(found.id, found.conversation_id, found.root_id) if found else None
 
 
@@ -161,9 +155,7 @@ def start_turn(
             if found:
                 return found, []
             turn_id = new_id()
-            conv, number, new = _claim_conversation(
-                session, request, turn_id, spec.name, agent_spec
-            )
+            conv, number, new = _claim_conversation(session, request, turn_id, agent_spec)
             turn = _Ids(turn_id, conv.root_id, new_id())
             insert_new(session, *new, *_turn_rows(request, spec.name, budget, conv, turn, number))
             if isinstance(conv, Conversation) and not move_cursor(
@@ -207,7 +199,7 @@ def start_turn(
 
 
 def _claim_conversation(
-    session: Session, request: JobRequest, turn_id: str, agent: str, agent_spec: dict[str, Any]
+    session: Session, request: JobRequest, turn_id: str, agent_spec: dict[str, Any]
 ) -> tuple[Conversation | _Ids, int, list[NewRow]]:
     """The conversation the turn runs in, the turn's number in it, and the
     conversation's row if it is new.
@@ -218,25 +210,22 @@ def _claim_conversation(
     if request.conversation_id is not None:
         conv = load_idle(session, request.conversation_id)
         return conv, conv.turns, []
-    conv_id = new_id()
     now = utcnow()
-    row = {
-        "id": conv_id,
-        "root_id": conv_id,
-        "agent": agent,
-        "agent_spec": agent_spec,
-        "created_at": now,
-        "progress_at": now,
-        "state": ConversationState.RUNNING.value,
-        "turn_id": turn_id,
-        "cursor_step": 0,
-        "cursor_segment": -1,
-        "version": 1,
-        "turns": 1,
-        "priority": request.priority,
-        "tenant": request.tenant,
-    }
-    return _Ids(conv_id, conv_id, ""), 0, [(Conversation, row)]
+    row = new_conversation(
+        None,
+        agent_spec,
+        created_at=now,
+        progress_at=now,
+        state=ConversationState.RUNNING.value,
+        turn_id=turn_id,
+        cursor_step=0,
+        cursor_segment=-1,
+        version=1,
+        turns=1,
+        priority=request.priority,
+        tenant=request.tenant,
+    )
+    return _Ids(row["id"], row["id"], ""), 0, [(Conversation, row)]
 
 
 def _turn_rows(
@@ -267,16 +256,5 @@ def _turn_rows(
                 "started_at": now,
             },
         ),
-        (
-            MessageRow,
-            {
-                "conversation_id": conv.id,
-                "turn_id": turn.id,
-                "step": 0,
-                "kind": "input",
-                "role": "user",
-                "content": [TextBlock(text=request.input).model_dump()],
-                "created_at": now,
-            },
-        ),
+        (MessageRow, {**first_message(conv.id, turn.id, request.input), "created_at": now}),
     ]

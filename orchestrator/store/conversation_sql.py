@@ -1,5 +1,6 @@
-"""Starting a conversation: a child (a subagent's, a checkpoint's
-summarizer) or a copy (a fork), written one way.
+"""Starting a conversation: a new root (a submitted job's), a child (a
+subagent's, a checkpoint's summarizer) or a copy (a fork), written one way;
+and the job an idempotency key already started.
 
 A new conversation is built from values (:func:`new_conversation`,
 :func:`first_turn`, :func:`first_message`) and inserted by
@@ -116,6 +117,18 @@ def first_message(conversation_id: str, turn_id: str, text: str) -> dict[str, An
             "content": [TextBlock(text=text).model_dump()],
         },
     )
+
+
+_TURNS = table(Turn)
+_BY_KEY = select(_TURNS.c.id, _TURNS.c.conversation_id, _TURNS.c.root_id).where(
+    _TURNS.c.idempotency_key == bindparam("key")
+)
+
+
+def turn_by_key(session: Session, key: str) -> Any:
+    """The id, conversation id and root id of the turn submitted with
+    idempotency key ``key``, if there is one."""
+    return run(session, _BY_KEY, {"key": key}).first()
 
 
 #: A guard on a start: a conditional UPDATE built once, and its parameters.

@@ -1,6 +1,7 @@
 """The job's tree totals in SQL: the lock of its root conversation's row
 and the atomic roll-up of a model call's usage (the job's turn is read as
-a :class:`~orchestrator.store.rows.TurnRow`). What a budget allows is decided in
+a :class:`~orchestrator.store.rows.TurnRow`), and a call's usage added to
+one conversation's or turn's own totals. What a budget allows is decided in
 :mod:`orchestrator.engine.budget`."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from orchestrator.store.tables import Conversation, Turn, table
 from schemas import Usage
@@ -29,9 +30,8 @@ LOCK_JOB = (
     .with_for_update()
 )
 
-#: The job's tool calls so far, read afresh once the root's row is locked
-#: (:func:`~orchestrator.engine.persist._tool_calls_left`).
-TREE_TOOL_CALLS = select(_TURNS.c.tree_tool_calls).where(_TURNS.c.id == bindparam("b_job"))
+#: The job's tool calls so far (:func:`tree_tool_calls`).
+_TREE_TOOL_CALLS = select(_TURNS.c.tree_tool_calls).where(_TURNS.c.id == bindparam("b_job"))
 
 #: The job's turn's columns that add one model call's usage to its tree
 #: totals (atomic increments); :func:`tree_params` gives their parameters.
@@ -81,3 +81,24 @@ def roll_up(
     if not locked:
         lock_job(session, job_id)
     session.execute(ROLL_UP, {"b_job": job_id, **tree_params(usage, tool_calls)})
+
+
+def add_usage(
+    session: Session, model: type[Conversation] | type[Turn], row_id: str, usage: Usage
+) -> None:
+    """Add a model call's usage to one conversation's or turn's own totals."""
+    session.execute(
+        update(model)
+        .where(col(model.id) == row_id)
+        .values(
+            input_tokens=col(model.input_tokens) + usage.input_tokens,
+            output_tokens=col(model.output_tokens) + usage.output_tokens,
+            cost_usd=col(model.cost_usd) + usage.cost_usd,
+        )
+    )
+
+
+def tree_tool_calls(session: Session, job_id: str) -> int:
+    """The job's tool calls so far, read afresh (once the root's row is
+    locked, it counts every call committed before)."""
+    return int(session.execute(_TREE_TOOL_CALLS, {"b_job": job_id}).scalar_one())

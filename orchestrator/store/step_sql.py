@@ -126,8 +126,8 @@ def leased(row: Sequence[Any]) -> Leased:
 
 
 #: The conversation, the turn and the job's turn, the conversation's row
-#: locked (:func:`~orchestrator.engine.persist.load_owned`).
-OWNED = (
+#: locked (:func:`owned_rows`).
+_OWNED = (
     select(Conversation, Turn, _JOB)
     .where(
         col(Conversation.id) == bindparam("b_conv"),
@@ -139,8 +139,8 @@ OWNED = (
     .execution_options(populate_existing=True)
 )
 
-STORE_MESSAGE = insert(_MESSAGES)
-STORE_CALLS = insert(_TOOL_CALLS)
+_STORE_MESSAGE = insert(_MESSAGES)
+_STORE_CALLS = insert(_TOOL_CALLS)
 
 #: The turn's own usage of one model call (:func:`store_reply`).
 _OWN_USAGE: dict[str, Any] = {
@@ -279,6 +279,29 @@ def take_lease(
     return None if found is None else leased(found)
 
 
+#: The lease heartbeat's one UPDATE: by primary key, then owner (no scan
+#: of the table); it returns the owners whose leases it extended.
+_RENEW = (
+    update(_CONVERSATIONS)
+    .where(
+        _CONVERSATIONS.c.id.in_(bindparam("b_ids", expanding=True)),
+        _CONVERSATIONS.c.lease_owner.in_(bindparam("b_owners", expanding=True)),
+    )
+    .values(lease_until=db_now(bindparam("b_lease")))  # the database's clock
+    .returning(_CONVERSATIONS.c.lease_owner)
+)
+
+
+def renew_leases(
+    connection: Connection, conversation_ids: list[str], owners: list[str], seconds: float
+) -> set[str]:
+    """Extend by ``seconds`` each lease of ``conversation_ids`` still held by
+    one of ``owners`` (one statement, committed on its own in an autocommit
+    ``connection``); returns the owners that still hold theirs."""
+    params = {"b_ids": conversation_ids, "b_owners": owners, "b_lease": seconds}
+    return set(connection.execute(_RENEW, params).scalars())
+
+
 def store_batch(db: Db, events: Outbox, params: dict[str, Any], calls: int) -> bool:
     """Store a step's batch of ``calls`` tools to run: the cursor's move to
     segment 0 and the lease's release if this copy still owns the step
@@ -325,6 +348,33 @@ def release_lease(
     execute(connection_of(db), statement, params)
 
 
+_RELEASE_OWNED = release(True, False).returning(_CONVERSATIONS.c.id)
+
+
+def release_owned(db: Db, conversation_id: str, owner: str) -> bool:
+    """Give the model-call lease up if ``owner`` still holds it; False if
+    it does not (a stored reply gave it up, or another copy took it)."""
+    params = {"b_conv": conversation_id, "b_owner": owner}
+    return run(db, _RELEASE_OWNED, params).first() is not None
+
+
+def owned_rows(session: Session, conversation_id: str, turn_id: str) -> tuple[Any, ...] | None:
+    """The conversation (its row locked first: the one lock order), the
+    turn and the job's turn, as entities loaded afresh."""
+    found = session.execute(_OWNED, {"b_conv": conversation_id, "b_turn": turn_id}).first()
+    return None if found is None else tuple(found)
+
+
+def store_calls(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert a step's tool calls (every column given)."""
+    session.execute(_STORE_CALLS, rows)
+
+
+def store_message(session: Session, values: dict[str, Any]) -> None:
+    """Insert one message."""
+    session.execute(_STORE_MESSAGE, values)
+
+
 def deferred_until(connection: Connection, ids: tuple[str, str, int]) -> Sequence[Any] | None:
     """When step ``ids`` is due, the database's time and the conversation's
     priority, if the step is deferred past now (:data:`DEFERRED`); else None."""
@@ -359,7 +409,7 @@ def store_reply(
         return
     if not combined:  # the root's row before any turn's: the one lock order
         lock_job(session, job_id)
-    session.execute(STORE_MESSAGE, message)
+    session.execute(_STORE_MESSAGE, message)
     session.execute(ADD_USAGE_AND_TREE if jobs_own else ADD_USAGE, usage)
     if not jobs_own:
         roll_up(session, job_id, *rolled_up, locked=True)

@@ -9,13 +9,18 @@ call, its turn and its conversation as ORM entities with all their JSON
 columns. Built once here against the tables, with ``bindparam``s, a call
 runs them with a dict of parameters, and the claim returns the store's
 row types (:mod:`orchestrator.store.rows`), plain tuples.
+
+Two reads of calls live here too: whether a segment still has a call out
+(:func:`call_out`, before a turn's end sends an advance) and an archived
+result (:func:`archived_result`, for ``read_tool_output``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, true, update
+from sqlalchemy import bindparam, exists, func, select, true, update
+from sqlmodel import Session
 
 from orchestrator.events import Outbox
 from orchestrator.store.db import Db, connection_of
@@ -206,3 +211,34 @@ def unclaim(db: Db, call_id: str) -> tuple[int, str, int] | None:
     stop, or another copy, finished it)."""
     row = connection_of(db).execute(_UNCLAIM, {"call_id": call_id}).first()
     return None if row is None else (int(row[0]), str(row[1]), int(row[2]))
+
+
+#: Is a call of the segment still out?
+_CALL_OUT = select(
+    exists().where(
+        _CALL.c.turn_id == bindparam("turn_id"),
+        _CALL.c.step == bindparam("step"),
+        _CALL.c.segment == bindparam("segment"),
+        _UNFINISHED,
+    )
+)
+
+
+def call_out(db: Db, turn_id: str, step: int, segment: int) -> bool:
+    """Is a call of this segment of the turn's step still unfinished?"""
+    params = {"turn_id": turn_id, "step": step, "segment": segment}
+    return bool(run(db, _CALL_OUT, params).scalar())
+
+
+def archived_result(session: Session, root_id: str, handle: str) -> Any:
+    """The (result,) of call ``handle`` if the tree ``root_id`` holds it
+    archived (a view of it was given to the model); None otherwise."""
+    return session.execute(
+        select(_CALL.c.result)
+        .join(_CONVERSATION, _CONVERSATION.c.id == _CALL.c.conversation_id)
+        .where(
+            _CALL.c.id == handle,
+            _CONVERSATION.c.root_id == root_id,
+            _CALL.c.view_chars.is_not(None),
+        )
+    ).first()

@@ -275,3 +275,54 @@ def test_the_graph_reads_imports_as_python_does(source: str, expected: list[str]
     node = ast.parse(source).body[0]
     assert isinstance(node, ast.Import | ast.ImportFrom)
     assert _targets(node, "orchestrator.tools.calls", False, FILES) == expected
+
+
+#: What an engine module may take from SQLAlchemy and SQLModel: the
+#: session and row types it is handed, errors it tells apart, and
+#: ``set_committed_value`` (an entity's attribute set as stored, not as a write).
+ENGINE_MAY_IMPORT = {
+    "sqlmodel": {"Session"},
+    "sqlalchemy": {"Row"},
+    "sqlalchemy.orm.attributes": {"set_committed_value"},
+    "sqlalchemy.exc": {"*"},
+}
+
+
+def test_the_engine_builds_no_sql() -> None:
+    """Every statement lives in ``orchestrator.store``, behind a named
+    operation: an engine module imports no statement builder (``select``,
+    ``update``, ``col``, ``bindparam`` ...) and executes nothing itself."""
+    wrong = []
+    for module, path in FILES.items():
+        if not module.startswith("orchestrator.engine"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        where = path.relative_to(ROOT)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                wrong += [
+                    f"{where}:{node.lineno}: import {a.name}"
+                    for a in node.names
+                    if a.name.split(".")[0] in ("sqlalchemy", "sqlmodel")
+                ]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (
+                "sqlalchemy",
+                "sqlmodel",
+            ):
+                allowed = ENGINE_MAY_IMPORT.get(node.module or "", set())
+                wrong += [
+                    f"{where}:{node.lineno}: from {node.module} import {a.name}"
+                    for a in node.names
+                    if "*" not in allowed and a.name not in allowed
+                ]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("execute", "exec", "scalar", "scalars")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in ("session", "connection", "db", "conn")
+            ):
+                wrong.append(f"{where}:{node.lineno}: {node.func.value.id}.{node.func.attr}(...)")
+    assert not wrong, "SQL written in the engine (move it to orchestrator/store):\n" + "\n".join(
+        wrong
+    )
