@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import time
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -105,11 +105,22 @@ def usage(job_id: JobId, principal: Reader, request: Request) -> JobUsage:
 
 
 def _finished(request: Request, principal: Principal, job: Job, wait: float) -> JobStatus:
-    """The job's status once it finished completed; waits up to ``wait`` s
-    (then answers only a token that was not revoked meanwhile)."""
+    """The job's status once it finished completed; waits up to ``wait`` s.
+    The token is checked again after every stretch of the wait as long as
+    an open stream's recheck (:mod:`orchestrator.server.revocations`) and
+    after the end, so a token revoked meanwhile gets a 401 within that
+    bound, never the answer."""
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            job.result(timeout=min(left, request.app.state.revocations.every))
+        except TimeoutError:
+            still_valid(request, principal)
+            continue
+        except JobFailedError:
+            pass
+        break
     if wait > 0:
-        with contextlib.suppress(TimeoutError, JobFailedError):
-            job.result(timeout=wait)
         still_valid(request, principal)
     found = job.status()
     if found.status is TurnStatus.RUNNING:

@@ -308,14 +308,12 @@ def test_a_result_waited_for_is_not_given_to_a_token_revoked_meanwhile(
     time.sleep(1.0)
     revoked = _chorus(settings, "token", "revoke", token.split("_")[1])
     assert revoked.returncode == 0, revoked.stderr
-    approved_at = time.monotonic()
     _approve(server, acme, job["conversation_id"])
     waiter.join(40)
 
-    # Then the waiting request (accepted before: it answers after the job
-    # ended) gets no result but a 401
-    [(answered_at, found)] = answers
-    assert answered_at > approved_at
+    # Then the waiting request (accepted before) gets no result but a 401,
+    # whether it learnt of the revocation or of the job's end first
+    [(_, found)] = answers
     assert found.status_code == 401, found.text
     assert found.json()["type"] == "AuthenticationError"
     assert "output" not in found.text
@@ -335,3 +333,32 @@ def test_the_cli_refuses_a_bad_token_request(args: list[str], field: str) -> Non
     result = CliRunner().invoke(app, ["token", "create", *args])
     assert isinstance(result.exception, InvalidRequestError), result.output
     assert result.exception.fields == [field]
+
+
+def test_a_result_wait_ends_soon_after_its_token_is_revoked(
+    server: Server, settings: Settings, client: Client, acme: str
+) -> None:
+    # Given a token waiting 25 s for the result of a job that waits for a person
+    token, job = _waiting_job(server, client, "revoked-long-poll")
+    answers: list[tuple[float, httpx.Response]] = []
+
+    def wait_for_the_result() -> None:
+        with _http(server, token) as http:
+            found = http.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 25})
+            answers.append((time.monotonic(), found))
+
+    waiter = threading.Thread(target=wait_for_the_result)
+    waiter.start()
+    time.sleep(1.0)
+    # When the token is revoked and nothing else happens
+    revoked = _chorus(settings, "token", "revoke", token.split("_")[1])
+    assert revoked.returncode == 0, revoked.stderr
+    revoked_at = time.monotonic()
+    waiter.join(30)
+
+    # Then the wait ends with a 401 within the streams' bound, not after its 25 s
+    [(answered_at, found)] = answers
+    assert found.status_code == 401, found.text
+    assert found.json()["type"] == "AuthenticationError"
+    assert answered_at - revoked_at < REVOKED_WITHIN
+    _approve(server, acme, job["conversation_id"])  # the job ends
