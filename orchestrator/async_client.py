@@ -24,9 +24,9 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from functools import partial
+from functools import cached_property, partial
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from sqlalchemy import text
@@ -37,9 +37,7 @@ from orchestrator import client_args as args
 from orchestrator import client_ops as ops
 from orchestrator import registry, tracing
 from orchestrator.async_waits import AsyncStreamReader, AsyncSubscription, AsyncTurnEnds
-from orchestrator.celery_conf import make_celery
-from orchestrator.dispatch import CeleryDispatcher
-from orchestrator.engine.actions import Action
+from orchestrator.engine.actions import Action, Dispatcher
 from orchestrator.engine.turns import JobRef
 from orchestrator.errors import ConfigurationError
 from orchestrator.events import ENTRY_EVENT, is_cut
@@ -73,6 +71,9 @@ from schemas import (
     Usage,
 )
 from schemas.jobs import DEFAULT_PRIORITY
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 #: This client's Postgres connections, by their ``application_name``.
 _BACKENDS = text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :name")
@@ -169,10 +170,22 @@ class AsyncClient:
             self.settings.redis_url, decode_responses=True, client_name=self.name
         )
         self.runtime = _GreenRuntime(self.settings, self.engine, self.redis)
-        self.celery = make_celery(self.settings, main="chorus-client")
-        self._dispatcher = CeleryDispatcher(self.celery)
         self.streams = AsyncStreamReader(self.settings.redis_url, self.name)
         self.ends = AsyncTurnEnds(self.engine)
+
+    @cached_property
+    def celery(self) -> Celery:
+        """The Celery app this client sends with (made, and Celery imported,
+        on first use: a client that only reads never loads it)."""
+        from orchestrator.celery_conf import make_celery
+
+        return make_celery(self.settings, main="chorus-client")
+
+    @cached_property
+    def _dispatcher(self) -> Dispatcher:
+        from orchestrator.dispatch import CeleryDispatcher
+
+        return CeleryDispatcher(self.celery)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -191,7 +204,8 @@ class AsyncClient:
         await self.ends.close()
         await self.redis.aclose()
         await self.engine.dispose()
-        self.celery.close()
+        if "celery" in self.__dict__:
+            self.celery.close()
 
     async def _run(self, fn: Callable[P, T], *a: P.args, **kw: P.kwargs) -> T:
         """Run a blocking operation of :mod:`orchestrator.client_ops` with

@@ -1,5 +1,8 @@
 """Celery configuration shared by workers and producers (clients).
 
+The queues and priority steps are plain values: importing them (the
+engine, a client) does not import Celery or kombu.
+
 JSON only; acks late; a task whose worker dies is rejected back to the
 queue; prefetch 1; every Redis key under the Chorus prefix; ten priority
 lists per queue.
@@ -7,14 +10,14 @@ lists per queue.
 
 from __future__ import annotations
 
-from typing import Any
-
-from celery import Celery
-from kombu.transport.redis import Channel
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ConfigurationError
 from orchestrator.settings import Settings
 from schemas.jobs import MAX_PRIORITY
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 #: Queue of each Chorus task (a tool call may name its own queue instead).
 QUEUES = {
@@ -42,6 +45,8 @@ def broker_priority(priority: int) -> int:
 def queue_lists(queue: str) -> list[str]:
     """The Redis lists (without the key prefix) holding ``queue``'s waiting
     messages, highest priority first."""
+    from kombu.transport.redis import Channel  # loaded by whoever reads the broker
+
     return [f"{queue}{Channel.sep}{step}" if step else queue for step in PRIORITY_STEPS]
 
 
@@ -98,7 +103,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 def make_celery(settings: Settings, main: str = "chorus") -> Celery:
-    """A configured Celery app with no tasks: enough to send by name."""
+    """A configured Celery app with no tasks: enough to send by name.
+    Celery is imported here, not with this module: a client loads it only
+    once it sends something."""
+    from celery import Celery
+
     app = Celery(main, set_as_current=False)
     app.conf.update(celery_config(settings))
     return app

@@ -7,13 +7,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import client_args as args
 from orchestrator import client_ops as ops
 from orchestrator import registry, tracing
-from orchestrator.celery_conf import make_celery
-from orchestrator.dispatch import CeleryDispatcher
 from orchestrator.engine.actions import Dispatcher
 from orchestrator.engine.turns import JobRef
 from orchestrator.errors import (
@@ -56,6 +54,9 @@ from schemas import (
 )
 from schemas.jobs import DEFAULT_PRIORITY
 
+if TYPE_CHECKING:
+    from celery import Celery
+
 #: Re-exported: the limits every method of both clients checks.
 MAX_ID_CHARS = args.MAX_ID_CHARS
 MAX_SEQ = args.MAX_SEQ
@@ -94,8 +95,23 @@ class Client:
         self.settings = settings or (runtime.settings if runtime is not None else load_settings())
         registry.load_modules(self.settings.modules)
         self.runtime = runtime if runtime is not None else Runtime(self.settings)
-        self.celery = make_celery(self.settings, main="chorus-client")
-        self.dispatcher: Dispatcher = dispatcher or CeleryDispatcher(self.celery)
+        if dispatcher is not None:
+            self.dispatcher = dispatcher
+
+    @cached_property
+    def celery(self) -> Celery:
+        """The Celery app this client sends with (made, and Celery imported,
+        on first use: a client that only reads never loads it)."""
+        from orchestrator.celery_conf import make_celery
+
+        return make_celery(self.settings, main="chorus-client")
+
+    @cached_property
+    def dispatcher(self) -> Dispatcher:
+        """What runs the engine's actions: by default, Celery sending them to the fleet."""
+        from orchestrator.dispatch import CeleryDispatcher
+
+        return CeleryDispatcher(self.celery)
 
     @cached_property
     def ends(self) -> TurnEnds:
@@ -287,7 +303,8 @@ class Client:
             self.streams.close()
         if "ends" in self.__dict__:
             self.ends.close()
-        self.celery.close()
+        if "celery" in self.__dict__:
+            self.celery.close()
 
 
 class Job:

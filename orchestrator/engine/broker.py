@@ -26,12 +26,21 @@ from functools import cache
 from typing import Any
 
 import redis
-from kombu.transport.redis import Channel
 
 from orchestrator.celery_conf import queue_lists
 from orchestrator.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+
+def _unacked_keys() -> tuple[str, str]:
+    """kombu's sorted set and hash of unacknowledged messages (without the
+    key prefix). kombu is imported here, by the sweeper, not with the
+    engine: a client that imports the engine to submit never loads it."""
+    from kombu.transport.redis import Channel
+
+    return Channel.unacked_index_key, Channel.unacked_key
+
 
 #: Messages read from each queue list per round trip.
 _CHUNK = 1000
@@ -135,7 +144,7 @@ class BrokerView:
             return empty
 
     def _read_unacked(self) -> None:
-        index, hashed = (self._key(k) for k in (Channel.unacked_index_key, Channel.unacked_key))
+        index, hashed = (self._key(k) for k in _unacked_keys())
         scored: Any = self._read("zrange", index, [], 0, -1, withscores=True)
         times: dict[str, float] = {_text(tag): score for tag, score in scored}
         stored: dict[bytes, bytes] = self._read("hgetall", hashed, {})
@@ -202,8 +211,9 @@ class BrokerView:
 
     def _remove(self, tags: Iterable[str | bytes]) -> None:
         assert self.client is not None
+        index, hashed = (self._key(k) for k in _unacked_keys())
         pipe = self.client.pipeline()
         for tag in tags:
-            pipe.zrem(self._key(Channel.unacked_index_key), tag)
-            pipe.hdel(self._key(Channel.unacked_key), tag)
+            pipe.zrem(index, tag)
+            pipe.hdel(hashed, tag)
         pipe.execute()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session
@@ -484,6 +484,15 @@ def _record_calls(
     return [RunSegment(conv.id, turn.id, step, 0, tuple(tasks), conv.priority)]
 
 
+class _CallAt(NamedTuple):
+    """A call of a step's batch as its events name it
+    (:class:`~orchestrator.events.CallIds`), before it has a row."""
+
+    step: int
+    tool: str
+    tool_request_id: str
+
+
 def _call_rows(
     db: Db,
     outbox: Outbox,
@@ -516,15 +525,14 @@ def _call_rows(
             "is_error": False,
             "finished_at": None,
         }
-        outbox.record(
+        at = _CallAt(step, call.tool, call.tool_request_id)
+        outbox.record_call(
             EventName.SUBAGENT_REQUESTED
             if is_subagent_call(call.tool)
             else EventName.TOOL_REQUESTED,
             conv,
             turn,
-            step,
-            tool=call.tool,
-            tool_request_id=call.tool_request_id,
+            at,
             params=call.params,
             segment=planned.segment,
             parallelizable=planned.parallelizable,
@@ -534,13 +542,11 @@ def _call_rows(
             row["result"], row["is_error"] = answer
             row["status"] = "failed" if row["is_error"] else "completed"
             row["finished_at"] = utcnow()
-            outbox.record(
+            outbox.record_call(
                 EventName.TOOL_FAILED if row["is_error"] else EventName.TOOL_COMPLETED,
                 conv,
                 turn,
-                step,
-                tool=call.tool,
-                tool_request_id=call.tool_request_id,
+                at,
                 result=row["result"],
             )
         elif planned.segment == 0:

@@ -25,6 +25,25 @@ SERVER = ("fastapi", "starlette", "uvicorn")
 #: validated (workers, a submit with an inline output schema), not to build
 #: a client.
 VALIDATION = ("jsonschema", "referencing", "regex")
+#: Celery and its transport: a client loads them when it first sends a task
+#: (a submit, a cancel), not to import or build the client or to read.
+SENDING = ("celery", "kombu")
+
+#: A client built on an embedded SQLite database, that reads and closes.
+CLIENT_THAT_READS = """
+import tempfile
+from orchestrator import Client, Settings
+from orchestrator.errors import InvalidRequestError
+from orchestrator.store.migrate import upgrade
+with tempfile.TemporaryDirectory() as tmp:
+    upgrade(f"sqlite:///{tmp}/db")
+    client = Client(Settings(database_url=f"sqlite:///{tmp}/db", redis_url="redis://127.0.0.1:1"))
+    try:
+        client.job("no-such-job").status()
+    except InvalidRequestError:
+        pass
+    client.close()
+"""
 
 #: Prints, as its last line, the top-level packages loaded by the code before it.
 REPORT = "import json, sys; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
@@ -62,12 +81,13 @@ CASES = {
     "import orchestrator.errors": ("import orchestrator.errors", MODEL_AND_MCP + SERVICES),
     "from orchestrator import Client": (
         "from orchestrator import Client",
-        MODEL_AND_MCP + SERVER + VALIDATION,
+        MODEL_AND_MCP + SERVER + VALIDATION + SENDING,
     ),
     "from orchestrator import AsyncClient": (
         "from orchestrator import AsyncClient",
-        MODEL_AND_MCP + SERVER + VALIDATION,
+        MODEL_AND_MCP + SERVER + VALIDATION + SENDING,
     ),
+    "a client that only reads": (CLIENT_THAT_READS, MODEL_AND_MCP + SERVER + SENDING),
     "declaring tools and agents": (
         "from orchestrator import Agent, MCPServer, schema_tool, tool",
         MODEL_AND_MCP,
