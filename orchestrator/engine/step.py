@@ -55,6 +55,7 @@ from orchestrator.runtime import Runtime
 from orchestrator.store.db import Db
 from orchestrator.store.rows import ConversationRow, TurnRow
 from orchestrator.store.step_sql import (
+    HANDED_ON,
     Leased,
     deferred_until,
     release_lease,
@@ -92,38 +93,57 @@ class LeaseOwner:
     sent with :attr:`holder` as ``previous``, whose lease it takes over
     instead of waiting for it to expire (a redelivered copy of that retry
     finds the lease held by the retry's own, new id).
+
+    ``taken`` is None when the take itself failed: its UPDATE may have
+    committed with the reply lost, so the lease may be this execution's or
+    still the one it would have taken over, and both are handed on.
     """
 
     id: str
-    previous: str | None = None
-    taken: bool = False
+    previous: tuple[str, ...] = ()
+    taken: bool | None = False
 
     @property
     def holder(self) -> str | None:
-        """The owner whose lease may still be held once this execution failed:
-        its own if it took the lease, else the one it would have taken over."""
-        return self.id if self.taken else self.previous
+        """The owners whose lease may still be held once this execution
+        failed, comma-separated: its own if it took the lease, else those it
+        would have taken over (and its own too if it cannot know whether its
+        take committed); at most :data:`HANDED_ON`, the newest first."""
+        if self.taken:
+            held: tuple[str, ...] = (self.id,)
+        elif self.taken is None:
+            held = (self.id, *self.previous)
+        else:
+            held = self.previous
+        return ",".join(held[:HANDED_ON]) or None
 
 
-#: What an owner's id looks like (:func:`new_lease_owner`).
-_OWNER_ID = re.compile(r"[0-9a-f]{32}")
+#: What a handed-on ``previous`` looks like: owners' ids (:func:`new_lease_owner`), comma-separated.
+_OWNER_IDS = re.compile(rf"[0-9a-f]{{32}}(?:,[0-9a-f]{{32}}){{0,{HANDED_ON - 1}}}")
 
 
 def new_lease_owner(previous: object = None) -> LeaseOwner:
     """A new execution's owner (``previous``: see :class:`LeaseOwner`).
 
-    ``previous`` comes from a broker message: anything but an owner's id
-    (a non-string, a huge string, one the database refuses, such as one
-    with a NUL, whose error would fail the turn) is ignored."""
-    handed = previous if isinstance(previous, str) and _OWNER_ID.fullmatch(previous) else None
-    return LeaseOwner(uuid.uuid4().hex, handed)
+    ``previous`` comes from a broker message: anything but up to
+    :data:`HANDED_ON` owners' ids (a non-string, a huge string, one the
+    database refuses, such as one with a NUL, whose error would fail the
+    turn) is ignored."""
+    handed = previous if isinstance(previous, str) and _OWNER_IDS.fullmatch(previous) else ""
+    return LeaseOwner(uuid.uuid4().hex, tuple(filter(None, handed.split(","))))
 
 
 def _take_lease(rt: Runtime, ids: tuple[str, str, int], owner: LeaseOwner) -> Leased | None:
     """Take the model-call lease (:func:`~orchestrator.store.step_sql.take_lease`),
     committed on its own. None: this copy leaves."""
-    with rt.autocommit() as connection:
-        taken = take_lease(connection, ids, (owner.id, owner.previous), rt.settings.lease_seconds)
+    try:
+        with rt.autocommit() as connection:
+            taken = take_lease(
+                connection, ids, (owner.id, owner.previous), rt.settings.lease_seconds
+            )
+    except Exception:
+        owner.taken = None  # it may have committed: the lease may be this execution's
+        raise
     owner.taken = taken is not None
     return taken
 

@@ -70,6 +70,9 @@ DEFERRED = select_columns(_CONVERSATIONS.c.due_at, db_now(), _CONVERSATIONS.c.pr
     *_AT_STEP, ~_NOT_DEFERRED
 )
 
+#: How many earlier owners a retry may take the lease over from (:func:`take_lease`).
+HANDED_ON = 8
+
 #: The model-call lease (:func:`take_lease`).
 _TAKE = (
     update(_CONVERSATIONS)
@@ -78,8 +81,10 @@ _TAKE = (
         or_(
             _CONVERSATIONS.c.lease_until.is_(None),
             _CONVERSATIONS.c.lease_until < db_now(),  # the database's clock, not the worker's
-            # this execution's own, or the one its retry took over from
-            _CONVERSATIONS.c.lease_owner.in_((bindparam("b_owner"), bindparam("b_previous"))),
+            # this execution's own, or one of those its retry takes over from
+            _CONVERSATIONS.c.lease_owner.in_(
+                (bindparam("b_owner"), *(bindparam(f"b_previous_{i}") for i in range(HANDED_ON)))
+            ),
         ),
         _NOT_DEFERRED,
         _TURNS.c.id == bindparam("b_turn"),
@@ -249,14 +254,15 @@ def release(owned: bool, deferred: bool, failed: bool = False) -> Update:
 def take_lease(
     connection: Connection,
     ids: tuple[str, str, int],
-    owners: tuple[str, str | None],
+    owners: tuple[str, Sequence[str]],
     seconds: float,
 ) -> Leased | None:
     """Take the model-call lease of step ``ids`` (conversation, turn, step)
     for the first of ``owners`` for ``seconds``, if the cursor is at that
     step, no live lease is held by another copy (the second of ``owners``,
-    when given, is the failed execution whose retry this is: its lease is
-    taken over), the step is not deferred past now and
+    up to :data:`HANDED_ON` of them, are the failed executions whose retry
+    this is: a lease one of them holds is taken over), the step is not
+    deferred past now and
     the job is not being stopped, and read what the step reads of the
     conversation, the turn and the job's turn. One statement on Postgres
     (:data:`TAKE_JOINED`); on SQLite the lease, then :data:`LEASED`. Each
@@ -267,9 +273,12 @@ def take_lease(
         "b_turn": turn_id,
         "b_step": step,
         "b_owner": owners[0],
-        "b_previous": owners[1],
         "b_lease": seconds,
     }
+    previous = list(owners[1][:HANDED_ON])
+    params.update(
+        {f"b_previous_{i}": previous[i] if i < len(previous) else None for i in range(HANDED_ON)}
+    )
     if returns_joined_rows(connection):
         found = run(connection, TAKE_JOINED, params).first()
     elif run(connection, TAKE_ALONE, params).first() is not None:

@@ -21,6 +21,7 @@ from orchestrator.engine.actions import RunSegment, RunStep
 from orchestrator.engine.persist import load_owned
 from orchestrator.engine.step import LeaseOwner, _take_lease, new_lease_owner
 from orchestrator.runtime import Runtime
+from orchestrator.store.step_sql import HANDED_ON
 from orchestrator.store.tables import Conversation, EventRow, MessageRow, ToolCallRow
 from schemas import EventName, JobRequest
 from tests.conftest import ROOT, TOOLS_WORKER, WorkerProcess, tool_calls, worker_env
@@ -202,8 +203,9 @@ def test_a_retry_chain_hands_the_lease_on_past_retries_that_failed_before_taking
         with pytest.raises(OperationalError):
             engine.run_step(rt, *ids, retry)
         holder = retry.holder
-        # Then each hands on the failed execution's lease, still held
-        assert holder == failed.id
+        # Then each hands on the failed execution's lease, still held (and
+        # its own: it cannot know whether its take committed)
+        assert holder is not None and failed.id in holder.split(",")
         assert _lease_and_calls(rt, ids)[0] == failed.id
     # and the next, the database back, takes it over and stores the step
     monkeypatch.setattr(step_module, "take_lease", real_take)
@@ -263,3 +265,47 @@ def test_sweeper_recovers_a_turn_whose_worker_died_whole(
     assert sorted(c.result["label"] for c in calls) == ["f0", "f1"]
     assert all(c.status == "completed" and c.attempts == 2 for c in calls)
     assert "f0" in answer and "f1" in answer
+
+
+def test_a_take_that_committed_but_lost_its_reply_is_taken_over_by_the_retry(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a step whose execution failed holding the lease
+    rt = client.runtime
+    ids, failed = _held_step(rt, "lost reply")
+    real_take = step_module.take_lease
+
+    def committed_then_lost(*args: Any) -> None:
+        real_take(*args)  # the UPDATE commits on its own (autocommit) ...
+        raise OperationalError("UPDATE chorus_conversation", {}, ConnectionError("reset"))
+
+    def database_down(*_args: Any) -> None:
+        raise OperationalError("UPDATE chorus_conversation", {}, ConnectionError("server down"))
+
+    # When its retry's take commits but the reply is lost, and the database
+    # stays away while the retry tries to give the lease up
+    monkeypatch.setattr(step_module, "take_lease", committed_then_lost)
+    monkeypatch.setattr(step_module, "release_lease", database_down)
+    retry = new_lease_owner(failed.holder)
+    with pytest.raises(OperationalError):
+        engine.run_step(rt, *ids, retry)
+    # Then the lease is the retry's, and the retry hands it on
+    assert _lease_and_calls(rt, ids)[0] == retry.id
+    assert retry.holder is not None and retry.id in retry.holder.split(",")
+    # and the next retry takes it over at once and stores the step
+    monkeypatch.undo()
+    (segment,) = engine.run_step(rt, *ids, new_lease_owner(retry.holder))
+    assert isinstance(segment, RunSegment)
+    assert _lease_and_calls(rt, ids) == (None, "running", 1)
+
+
+def test_a_handed_on_list_of_owners_is_bounded_and_checked() -> None:
+    ids = [new_lease_owner().id for _ in range(HANDED_ON + 1)]
+    # the most a retry hands on is taken; one more, or any malformed part, is ignored
+    assert new_lease_owner(",".join(ids[:HANDED_ON])).previous == tuple(ids[:HANDED_ON])
+    for forged in (",".join(ids), ids[0] + ",", "," + ids[0], ids[0] + ", " + ids[1]):
+        assert new_lease_owner(forged).previous == ()
+    # and a chain of failed takes keeps the newest HANDED_ON
+    owner = new_lease_owner(",".join(ids[:HANDED_ON]))
+    owner.taken = None
+    assert owner.holder == ",".join([owner.id, *ids[: HANDED_ON - 1]])
