@@ -26,7 +26,7 @@ from tests.dashboard.bigrun import EVENTS, store_big_run
 from tests.dashboard.conftest import LoggedIn
 from tests.dashboard.relay import Relay
 from tests.loopback_llm import LoopbackLLM
-from tests.server.conftest import Server, make_token, start_server
+from tests.server.conftest import Server, bearer, make_token, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -359,6 +359,32 @@ def test_a_call_waiting_for_a_person_is_answered_from_the_page(
     assert "denied: not on a Friday" in answer
     names = [e["name"] for e in api.get(f"/v1/runs/{denied}/events").json()["events"]]
     assert names.count("tool.denied") == 1 and "tool.approved" not in names
+
+
+def test_a_step_held_by_the_agents_rate_limit_shows_why_it_waited(
+    server: Server, logged_in: LoggedIn, tokens: dict[str, str]
+) -> None:
+    # Given two jobs of an agent that may call its model once per 8 s per
+    # tenant (sweep-deferred), submitted at once by one tenant
+    with httpx.Client(base_url=server.url, headers=bearer(tokens["initech"]), timeout=30) as api:
+        jobs = [_submit(api, "sweep-deferred", f"limited {n}") for n in (1, 2)]
+        for job_id in jobs:
+            assert _finished(api, job_id, timeout=40)["status"] == "completed"
+    # When their pages are opened
+    page = logged_in(tokens["initech"])
+    waits = {}
+    for job_id in jobs:
+        page.goto(f"/dashboard/jobs/{job_id}")
+        expect(page.locator("#job-status")).to_have_text("completed")
+        waits[job_id] = page.locator('.wait-row[data-reason="rate limit"]').count()
+    # Then one of them (the limit let the other's call through) shows its
+    # step's wait for the limit, with the reason and how long it was held
+    assert sorted(waits.values()) == [0, 1], waits
+    page.goto(f"/dashboard/jobs/{max(waits, key=lambda j: waits[j])}")
+    row = page.locator('.wait-row[data-reason="rate limit"]')
+    expect(row.locator(".label")).to_have_text("wait: rate limit")
+    held = re.compile(r"^held \d+\.\d s by the agent's rate limits before it was sent$")
+    expect(row.locator(".bar.wait")).to_have_attribute("title", held)
 
 
 def test_a_page_whose_token_is_revoked_stops_following_and_says_so(
