@@ -24,9 +24,9 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from functools import cached_property, partial
+from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from sqlalchemy import text
@@ -37,7 +37,7 @@ from orchestrator import client_args as args
 from orchestrator import client_ops as ops
 from orchestrator import registry, tracing
 from orchestrator.async_waits import AsyncStreamReader, AsyncSubscription, AsyncTurnEnds
-from orchestrator.engine.actions import Action, Dispatcher
+from orchestrator.engine.actions import Action
 from orchestrator.engine.turns import JobRef
 from orchestrator.errors import ConfigurationError
 from orchestrator.events import ENTRY_EVENT, is_cut
@@ -57,6 +57,7 @@ from orchestrator.job_reads import (
 )
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
+from orchestrator.sending import Sending
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.dialect import url_is_postgres
 from schemas import (
@@ -71,9 +72,6 @@ from schemas import (
     Usage,
 )
 from schemas.jobs import DEFAULT_PRIORITY
-
-if TYPE_CHECKING:
-    from celery import Celery
 
 #: This client's Postgres connections, by their ``application_name``.
 _BACKENDS = text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :name")
@@ -128,7 +126,7 @@ class _GreenRuntime(Runtime):
         self.__dict__["redis"] = _GreenRedis(client)
 
 
-class AsyncClient:
+class AsyncClient(Sending):
     """:class:`~orchestrator.client.Client`'s operations for asyncio
     applications (FastAPI handlers, bots): every method is a coroutine
     (``await client.submit(...)``), and so are :class:`AsyncJob`'s.
@@ -173,20 +171,6 @@ class AsyncClient:
         self.streams = AsyncStreamReader(self.settings.redis_url, self.name)
         self.ends = AsyncTurnEnds(self.engine)
 
-    @cached_property
-    def celery(self) -> Celery:
-        """The Celery app this client sends with (made, and Celery imported,
-        on first use: a client that only reads never loads it)."""
-        from orchestrator.celery_conf import make_celery
-
-        return make_celery(self.settings, main="chorus-client")
-
-    @cached_property
-    def _dispatcher(self) -> Dispatcher:
-        from orchestrator.dispatch import CeleryDispatcher
-
-        return CeleryDispatcher(self.celery)
-
     async def __aenter__(self) -> AsyncClient:
         return self
 
@@ -204,8 +188,7 @@ class AsyncClient:
         await self.ends.close()
         await self.redis.aclose()
         await self.engine.dispose()
-        if "celery" in self.__dict__:
-            self.celery.close()
+        self._close_celery()
 
     async def _run(self, fn: Callable[P, T], *a: P.args, **kw: P.kwargs) -> T:
         """Run a blocking operation of :mod:`orchestrator.client_ops` with
@@ -220,7 +203,7 @@ class AsyncClient:
     def _send_now(self, actions: list[Action], trace: tracing.JobTrace | None) -> None:
         # in the executor's thread: the trace is set where the tasks are sent
         with tracing.sending(trace):
-            self._dispatcher.send(actions)
+            self.dispatcher.send(actions)
 
     async def submit(
         self,
@@ -277,7 +260,7 @@ class AsyncClient:
         """Cancel a job and every subagent under it (see ``Client.cancel``)."""
         revoke, actions = await self._run(ops.stop, self.runtime, job_id)
         if revoke:
-            await asyncio.get_running_loop().run_in_executor(None, self._dispatcher.revoke, revoke)
+            await asyncio.get_running_loop().run_in_executor(None, self.dispatcher.revoke, revoke)
         await self._send(actions)
 
     async def checkpoint(self, conversation_id: str) -> None:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator import client_args as args
 from orchestrator import client_ops as ops
@@ -38,6 +38,7 @@ from orchestrator.job_reads import (
 )
 from orchestrator.keys import events_stream
 from orchestrator.runtime import Runtime
+from orchestrator.sending import Sending
 from orchestrator.settings import Settings, load_settings
 from orchestrator.streams import StreamReader, Subscription
 from orchestrator.turn_ends import TurnEnds
@@ -54,9 +55,6 @@ from schemas import (
 )
 from schemas.jobs import DEFAULT_PRIORITY
 
-if TYPE_CHECKING:
-    from celery import Celery
-
 #: Re-exported: the limits every method of both clients checks.
 MAX_ID_CHARS = args.MAX_ID_CHARS
 MAX_SEQ = args.MAX_SEQ
@@ -66,7 +64,7 @@ _timeout = args.timeout
 _since = args.since
 
 
-class Client:
+class Client(Sending):
     """Talks to the fleet through Redis (tasks, live events) and Postgres (state).
 
     Every method of it and of its :class:`Job` checks its arguments as
@@ -97,21 +95,6 @@ class Client:
         self.runtime = runtime if runtime is not None else Runtime(self.settings)
         if dispatcher is not None:
             self.dispatcher = dispatcher
-
-    @cached_property
-    def celery(self) -> Celery:
-        """The Celery app this client sends with (made, and Celery imported,
-        on first use: a client that only reads never loads it)."""
-        from orchestrator.celery_conf import make_celery
-
-        return make_celery(self.settings, main="chorus-client")
-
-    @cached_property
-    def dispatcher(self) -> Dispatcher:
-        """What runs the engine's actions: by default, Celery sending them to the fleet."""
-        from orchestrator.dispatch import CeleryDispatcher
-
-        return CeleryDispatcher(self.celery)
 
     @cached_property
     def ends(self) -> TurnEnds:
@@ -303,8 +286,7 @@ class Client:
             self.streams.close()
         if "ends" in self.__dict__:
             self.ends.close()
-        if "celery" in self.__dict__:
-            self.celery.close()
+        self._close_celery()
 
 
 class Job:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Float, Row, Select, bindparam, func, select, update
+from sqlalchemy import Float, Row, bindparam, func, select, update
 from sqlmodel import Session
 
 from orchestrator.store.clock import db_now
@@ -155,13 +155,14 @@ def record_answer(
     return bool(run(db, ANSWER, params).rowcount == 1)
 
 
-def _pending_query(
+def pending_calls(
+    session: Session,
     conversation_id: str | None,
     agent: str | None,
     tool: str | None,
     limit: int,
     tenant: str | None = None,
-) -> Select[Any]:
+) -> list[PendingApproval]:
     """The calls waiting for an answer, oldest first, filtered: by the
     conversation that made the call or its tree's root, by the agent of
     that conversation, by tool, by the tenant of the tree's root."""
@@ -195,26 +196,11 @@ def _pending_query(
     if tenant is not None:
         owned = select(_CONVERSATION.c.id).where(_CONVERSATION.c.tenant == tenant)
         query = query.where(_CONVERSATION.c.root_id.in_(owned))
-    return query
-
-
-def pending_calls(
-    session: Session,
-    conversation_id: str | None,
-    agent: str | None,
-    tool: str | None,
-    limit: int,
-    tenant: str | None = None,
-) -> list[PendingApproval]:
-    """The calls waiting for an answer, oldest first, filtered: by the
-    conversation that made the call or its tree's root, by the agent of
-    that conversation, by tool, by the tenant of the tree's root."""
-    query = _pending_query(conversation_id, agent, tool, limit, tenant)
     return [_pending_record(row) for row in session.execute(query).all()]
 
 
 def _pending_record(row: Row[Any]) -> PendingApproval:
-    """A row of :func:`_pending_query` as its typed record."""
+    """A row of :func:`pending_calls`' query as its typed record."""
     call_id, job_id, conversation_id, root_id, agent, tool, params, requested, deadline = tuple(row)
     return PendingApproval(
         call_id=call_id,

@@ -184,6 +184,10 @@ def test_two_copies_of_a_retry_call_the_model_once(client: Client) -> None:
     assert len(replies) == 1
 
 
+def _database_down(*_args: Any) -> None:
+    raise OperationalError("UPDATE chorus_conversation", {}, ConnectionError("server down"))
+
+
 def test_a_retry_chain_hands_the_lease_on_past_retries_that_failed_before_taking_it(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,11 +196,8 @@ def test_a_retry_chain_hands_the_lease_on_past_retries_that_failed_before_taking
     ids, failed = _held_step(rt, "a chain")
     real_take = step_module.take_lease
 
-    def database_down(*_args: Any) -> None:
-        raise OperationalError("UPDATE chorus_conversation", {}, ConnectionError("server down"))
-
     # When its first two retries fail as they take it (the database still down)
-    monkeypatch.setattr(step_module, "take_lease", database_down)
+    monkeypatch.setattr(step_module, "take_lease", _database_down)
     holder = failed.holder
     for _ in range(2):
         retry = new_lease_owner(holder)
@@ -279,13 +280,10 @@ def test_a_take_that_committed_but_lost_its_reply_is_taken_over_by_the_retry(
         real_take(*args)  # the UPDATE commits on its own (autocommit) ...
         raise OperationalError("UPDATE chorus_conversation", {}, ConnectionError("reset"))
 
-    def database_down(*_args: Any) -> None:
-        raise OperationalError("UPDATE chorus_conversation", {}, ConnectionError("server down"))
-
     # When its retry's take commits but the reply is lost, and the database
     # stays away while the retry tries to give the lease up
     monkeypatch.setattr(step_module, "take_lease", committed_then_lost)
-    monkeypatch.setattr(step_module, "release_lease", database_down)
+    monkeypatch.setattr(step_module, "release_lease", _database_down)
     retry = new_lease_owner(failed.holder)
     with pytest.raises(OperationalError):
         engine.run_step(rt, *ids, retry)

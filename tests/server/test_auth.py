@@ -290,20 +290,29 @@ def test_a_revoked_tokens_open_streams_end_within_the_bound(
         assert "tool.approved" not in [f.get("event") for f in follower.events()]
 
 
+def _waiting_for_the_result(
+    server: Server, token: str, job_id: str
+) -> tuple[threading.Thread, list[tuple[float, httpx.Response]]]:
+    """A thread asking with TOKEN for the job's result, waiting up to 25 s,
+    and where its answer goes (when it came, and the response)."""
+    answers: list[tuple[float, httpx.Response]] = []
+
+    def wait_for_the_result() -> None:
+        with _http(server, token) as http:
+            found = http.get(f"/v1/jobs/{job_id}/result", params={"wait": 25})
+            answers.append((time.monotonic(), found))
+
+    waiter = threading.Thread(target=wait_for_the_result)
+    waiter.start()
+    return waiter, answers
+
+
 def test_a_result_waited_for_is_not_given_to_a_token_revoked_meanwhile(
     server: Server, settings: Settings, client: Client, acme: str
 ) -> None:
     # Given a job that waits for a person, and a token waiting for its result
     token, job = _waiting_job(server, client, "revoked-while-waiting")
-    answers: list[tuple[float, httpx.Response]] = []
-
-    def wait_for_the_result() -> None:
-        with _http(server, token) as http:
-            found = http.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 25})
-            answers.append((time.monotonic(), found))
-
-    waiter = threading.Thread(target=wait_for_the_result)
-    waiter.start()
+    waiter, answers = _waiting_for_the_result(server, token, job["job_id"])
     # When the token is revoked while it waits, and the job then completes
     time.sleep(1.0)
     revoked = _chorus(settings, "token", "revoke", token.split("_")[1])
@@ -340,15 +349,7 @@ def test_a_result_wait_ends_soon_after_its_token_is_revoked(
 ) -> None:
     # Given a token waiting 25 s for the result of a job that waits for a person
     token, job = _waiting_job(server, client, "revoked-long-poll")
-    answers: list[tuple[float, httpx.Response]] = []
-
-    def wait_for_the_result() -> None:
-        with _http(server, token) as http:
-            found = http.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 25})
-            answers.append((time.monotonic(), found))
-
-    waiter = threading.Thread(target=wait_for_the_result)
-    waiter.start()
+    waiter, answers = _waiting_for_the_result(server, token, job["job_id"])
     time.sleep(1.0)
     # When the token is revoked and nothing else happens
     revoked = _chorus(settings, "token", "revoke", token.split("_")[1])

@@ -71,6 +71,7 @@ LAYERS = {
     "orchestrator.client": "api",
     "orchestrator.client_args": "api",
     "orchestrator.client_ops": "api",
+    "orchestrator.sending": "api",
     "orchestrator.job_reads": "api",
     "orchestrator.async_client": "api",
     "orchestrator.async_waits": "api",
