@@ -3,7 +3,7 @@ first use, so that a client that only reads never imports Celery."""
 
 from __future__ import annotations
 
-from functools import cached_property
+import threading
 from typing import TYPE_CHECKING
 
 from orchestrator.engine.actions import Dispatcher
@@ -12,28 +12,47 @@ from orchestrator.settings import Settings
 if TYPE_CHECKING:
     from celery import Celery
 
+#: Makes each client's Celery app and dispatcher once, whichever of its
+#: threads sends first (``functools.cached_property`` has no lock since 3.12).
+_MAKING = threading.Lock()
+
 
 class Sending:
     """The Celery side of :class:`~orchestrator.Client` and
     :class:`~orchestrator.AsyncClient`."""
 
     settings: Settings
+    _celery: Celery | None = None
+    _dispatcher: Dispatcher | None = None
 
-    @cached_property
+    @property
     def celery(self) -> Celery:
         """The Celery app this client sends with (made, and Celery imported,
         on first use: a client that only reads never loads it)."""
-        from orchestrator.celery_conf import make_celery
+        if self._celery is None:
+            with _MAKING:
+                if self._celery is None:
+                    from orchestrator.celery_conf import make_celery
 
-        return make_celery(self.settings, main="chorus-client")
+                    self._celery = make_celery(self.settings, main="chorus-client")
+        return self._celery
 
-    @cached_property
+    @property
     def dispatcher(self) -> Dispatcher:
         """What runs the engine's actions: by default, Celery sending them to the fleet."""
-        from orchestrator.dispatch import CeleryDispatcher
+        if self._dispatcher is None:
+            app = self.celery
+            with _MAKING:
+                if self._dispatcher is None:
+                    from orchestrator.dispatch import CeleryDispatcher
 
-        return CeleryDispatcher(self.celery)
+                    self._dispatcher = CeleryDispatcher(app)
+        return self._dispatcher
+
+    @dispatcher.setter
+    def dispatcher(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
 
     def _close_celery(self) -> None:
-        if "celery" in self.__dict__:
-            self.celery.close()
+        if self._celery is not None:
+            self._celery.close()

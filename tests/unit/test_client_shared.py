@@ -3,7 +3,9 @@ follower's decisions (client_args.py, job_reads.py)."""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,3 +135,29 @@ def test_a_follower_without_deltas_drops_them() -> None:
     follow = Follow(JOB, "corr", 0, HeldDeltas(None), deltas=False)
     due, stale = follow.live([event(EventName.ASSISTANT_DELTA, None, text="x")])
     assert due == [] and not stale
+
+
+def test_threads_sending_first_at_once_share_one_celery_app(tmp_path: Path) -> None:
+    # Given a new client (an embedded database; no task sent yet)
+    from orchestrator import Client, Settings
+    from orchestrator.store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/db"
+    upgrade(url)
+    client = Client(Settings(database_url=url, redis_url="redis://127.0.0.1:1"))
+    # When 16 threads ask for its app and dispatcher at once
+    gate = threading.Barrier(16)
+    seen: list[tuple[int, int]] = []
+
+    def first_send() -> None:
+        gate.wait()
+        seen.append((id(client.celery), id(client.dispatcher)))
+
+    threads = [threading.Thread(target=first_send) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then all got the same one (one app, one pool of broker connections)
+    assert len(seen) == 16 and len(set(seen)) == 1
+    client.close()
