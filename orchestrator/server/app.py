@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from orchestrator.client import Client
+from orchestrator.errors import ConfigurationError
 from orchestrator.server import approvals, conversations, dashboard, errors, jobs, me, runs
 from orchestrator.server.auth import client_of
 from orchestrator.server.body_limit import BodyLimit
@@ -23,7 +24,11 @@ KEEPALIVE = 15.0
 
 
 def create_app(settings: Settings, *, keepalive: float = KEEPALIVE) -> FastAPI:
-    """The HTTP API over one :class:`Client` of ``settings``' fleet."""
+    """The HTTP API over one :class:`Client` of ``settings``' fleet.
+    ``keepalive`` must be a positive number of seconds: it also bounds how
+    long a result's wait goes without re-checking its token."""
+    if not keepalive > 0:  # 0 spins every wait and stream; NaN and negatives too
+        raise ConfigurationError(f"keepalive must be a positive number of seconds, not {keepalive}")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +21,13 @@ from orchestrator.server import errors
 from orchestrator.server.body_limit import MAX_BODY_BYTES, BodyLimit
 from orchestrator.store import token_sql
 from orchestrator.store.tables import Conversation
+from tests.conftest import ROOT, worker_env
 from tests.server.conftest import (
+    CHORUS,
     Follower,
     Server,
     bearer,
+    free_port,
     job_of_message,
     make_token,
     start_server,
@@ -354,3 +358,27 @@ def test_a_tenant_cannot_be_claimed_by_any_field_of_a_request(
     with client.runtime.session() as session:
         root = session.get(Conversation, conversation)
         assert root is not None and root.tenant == "acme"
+
+
+@pytest.mark.parametrize("keepalive", ["0", "-1", "nan"])
+def test_a_server_refuses_a_keep_alive_that_is_not_a_positive_time(
+    settings: Settings, keepalive: str, tmp_path: Path
+) -> None:
+    # A keep-alive of 0 made every result wait re-check its token in a
+    # busy loop (1.8 s of CPU for a 3 s wait) and every stream send comments
+    # without pause; a negative one answered a valid wait with a 422 about
+    # a "timeout" the caller never gave.
+    port = str(free_port())
+    try:
+        ran = subprocess.run(
+            [*CHORUS, "server", "--port", port, "--keepalive", keepalive],
+            cwd=ROOT,
+            env=worker_env(settings),
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`chorus server --keepalive {keepalive}` started serving")
+    assert ran.returncode == 2, ran.stderr
+    assert "keepalive" in ran.stderr and "Traceback" not in ran.stderr
