@@ -16,11 +16,12 @@ import time
 import uuid
 from collections.abc import Callable, Container, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func
-from sqlmodel import select
+from sqlalchemy import func, update
+from sqlmodel import col, select
 
 from orchestrator import Client, Settings, engine
 from orchestrator.celery_conf import queue_lists
@@ -389,3 +390,42 @@ def test_messages_lost_with_redis_data_are_re_queued_from_postgres(private: Priv
         time.sleep(3)
     assert found == ["ok: second", "ok: third"]
     assert len(_turns(client, conversation_id)) == 3
+
+
+def test_two_sweepers_at_once_re_dispatch_each_lost_step_once(private: Private) -> None:
+    # Given 20 jobs whose first step task was lost (no worker on this prefix;
+    # the queue purged), stalled for a minute
+    _settings, client = private(stall_timeout=2.0)
+    jobs = [client.submit("quick", f"lost {i}") for i in range(20)]
+    client.runtime.redis.delete(*_lists(client, "llm"))
+    own = {job.conversation_id for job in jobs}
+    with client.runtime.session() as s:
+        s.execute(
+            update(Conversation)
+            .where(col(Conversation.id).in_(own))
+            .values(progress_at=func.now() - timedelta(minutes=1))
+        )
+        s.commit()
+
+    # When two sweepers (two beat replicas) sweep at the same moment, a few times
+    found: list[list[Action]] = [[], []]
+    for _ in range(3):
+        start = threading.Barrier(2)
+
+        def sweep(into: list[Action], start: threading.Barrier = start) -> None:
+            start.wait()
+            into.extend(for_conversations(engine.sweep(client.runtime), own))
+
+        threads = [threading.Thread(target=sweep, args=(into,)) for into in found]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+    # Then each lost step was re-dispatched exactly once, by one of them
+    sent = [a for into in found for a in into]
+    assert sorted(a.conversation_id for a in sent) == sorted(own)
+    assert all(isinstance(a, RunStep) for a in sent)
+    with client.runtime.session() as s:
+        counts = s.exec(select(Conversation.redispatches).where(col(Conversation.id).in_(own)))
+        assert list(counts) == [1] * 20
