@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from sqlmodel import col, select
 from orchestrator import Client, Job, JobFailedError, engine
 from orchestrator.dispatch import dispatch
 from orchestrator.engine.actions import Deadline
+from orchestrator.engine.cancel import stop_tree
 from orchestrator.store.tables import Conversation, ToolCallRow, Turn, utcnow
 from schemas import Budget, EventName, JobRequest, JobStatus, TurnStatus
 from tests.conftest import WorkerProcess, tool_calls
@@ -334,3 +337,52 @@ def _started(client: Client, job: Job) -> float:
         assert turn is not None
         age = (utcnow() - turn.started_at).total_seconds()
     return time.monotonic() - age
+
+
+def _at_once(*fns: Callable[[], object]) -> list[BaseException]:
+    """Run ``fns`` in threads released at the same moment; what they raised."""
+    start = threading.Barrier(len(fns))
+    errors: list[BaseException] = []
+
+    def run(fn: Callable[[], object]) -> None:
+        start.wait()
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(fn,)) for fn in fns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return errors
+
+
+def test_a_cancel_racing_a_budget_stop_ends_the_job_one_way(client: Client) -> None:
+    # Given 12 running jobs (started, their steps never sent: nothing else moves them)
+    rt = client.runtime
+    refs = [
+        engine.start_turn(rt, JobRequest(agent="quick", input=f"race {i}"))[0] for i in range(12)
+    ]
+    ends = {EventName.TURN_CANCELLED, EventName.TURN_FAILED, EventName.TURN_COMPLETED}
+    for ref in refs:
+        # When a cancel and a budget stop of each start at the same moment
+        errors = _at_once(
+            partial(engine.cancel, rt, ref.job_id),
+            partial(stop_tree, rt, ref.job_id, TurnStatus.FAILED, "cost exceeded", budget=True),
+        )
+
+        # Then the first mark wins: one end, and budget.exceeded only with a budget end
+        assert errors == []
+        job = client.job(ref.job_id)
+        names = [e.name for e in job.events(deltas=False, timeout=5)]
+        status = job.status().status
+        if status is TurnStatus.CANCELLED:
+            assert [n for n in names if n in ends] == [EventName.TURN_CANCELLED]
+            assert EventName.BUDGET_EXCEEDED not in names
+        else:
+            assert status is TurnStatus.FAILED, status
+            assert [n for n in names if n in ends] == [EventName.TURN_FAILED]
+            assert names.count(EventName.BUDGET_EXCEEDED) == 1
+        _assert_tree_at_rest(client, job)
