@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime
 from typing import Annotated, Any
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from orchestrator.client import Job
-from orchestrator.errors import JobFailedError, JobNotFinishedError
+from orchestrator.errors import JobFailedError, JobNotFinishedError, ServiceUnavailableError
 from orchestrator.server import follow, listing, sse, tenants
 from orchestrator.server.auth import Reader, Submitter, client_of, still_valid
 from orchestrator.server.errors import COMMON, responses
@@ -23,6 +24,12 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=responses(*COMMON
 
 #: Longest ``wait`` of a result request, in seconds.
 MAX_WAIT = 30.0
+#: Most result requests of one server process waiting at once. Each holds
+#: a thread of the pool every route runs in (anyio's, 40 threads): past
+#: this, a request that would wait for a running job is refused with 503,
+#: so that waits never hold the threads the other requests need.
+MAX_WAITING = 20
+_WAITING = threading.BoundedSemaphore(MAX_WAITING)
 
 
 def idempotency_key(tenant: str, key: str) -> str:
@@ -105,11 +112,23 @@ def usage(job_id: JobId, principal: Reader, request: Request) -> JobUsage:
 
 
 def _finished(request: Request, principal: Principal, job: Job, wait: float) -> JobStatus:
-    """The job's status once it finished completed; waits up to ``wait`` s.
-    The token is checked again after every stretch of the wait as long as
-    an open stream's recheck (:mod:`orchestrator.server.revocations`) and
-    after the end, so a token revoked meanwhile gets a 401 within that
-    bound, never the answer."""
+    """The job's status once it finished completed; waits up to ``wait`` s
+    (503 if :data:`MAX_WAITING` requests wait already and the job runs)."""
+    if wait > 0:
+        if not _WAITING.acquire(blocking=False):
+            return _ended(job, busy=True)
+        try:
+            _wait(request, principal, job, wait)
+        finally:
+            _WAITING.release()
+    return _ended(job)
+
+
+def _wait(request: Request, principal: Principal, job: Job, wait: float) -> None:
+    """Wait up to ``wait`` s for the job's end. The token is checked again
+    after every stretch of the wait as long as an open stream's recheck
+    (:mod:`orchestrator.server.revocations`) and after the end, so a token
+    revoked meanwhile gets a 401 within that bound, never the answer."""
     deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:
         try:
@@ -120,10 +139,16 @@ def _finished(request: Request, principal: Principal, job: Job, wait: float) -> 
         except JobFailedError:
             pass
         break
-    if wait > 0:
-        still_valid(request, principal)
+    still_valid(request, principal)
+
+
+def _ended(job: Job, busy: bool = False) -> JobStatus:
+    """The job's status if it completed; 409 if it failed, or if it runs
+    (503 instead if it was not waited for because every wait was ``busy``)."""
     found = job.status()
     if found.status is TurnStatus.RUNNING:
+        if busy:
+            raise ServiceUnavailableError(f"{MAX_WAITING} result requests are waiting; retry later")
         raise JobNotFinishedError(job.id)
     if found.status is not TurnStatus.COMPLETED:
         raise JobFailedError(job.id, found.status.value, found.error)

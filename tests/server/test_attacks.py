@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from starlette.types import Message
 from orchestrator import Client, Settings
 from orchestrator.server import errors
 from orchestrator.server.body_limit import MAX_BODY_BYTES, BodyLimit
+from orchestrator.server.jobs import MAX_WAITING
 from orchestrator.store import token_sql
 from orchestrator.store.tables import Conversation
 from tests.conftest import ROOT, worker_env
@@ -32,7 +34,7 @@ from tests.server.conftest import (
     make_token,
     start_server,
 )
-from tests.server.test_auth import revoked_stream_ended
+from tests.server.test_auth import _approve, _waiting_job, revoked_stream_ended
 
 pytestmark = pytest.mark.integration
 
@@ -382,3 +384,46 @@ def test_a_server_refuses_a_keep_alive_that_is_not_a_positive_time(
         pytest.fail(f"`chorus server --keepalive {keepalive}` started serving")
     assert ran.returncode == 2, ran.stderr
     assert "keepalive" in ran.stderr and "Traceback" not in ran.stderr
+
+
+#: Result requests that wait at once in the attack below: more than the
+#: threads of the server's shared pool (anyio's 40), which every route runs in.
+WAITERS = 45
+
+
+def test_result_waits_cannot_hold_every_thread_the_other_requests_need(
+    server: Server, client: Client, acme: str
+) -> None:
+    # Given a job that waits for a person, and a reader asking 45 times at
+    # once for its result, each waiting up to 5 s
+    reader = make_token(client, "acme", "read", "many-waits")
+    token, job = _waiting_job(server, client, "many-waits")
+    answers: list[httpx.Response] = []
+
+    def wait_for_the_result() -> None:
+        with httpx.Client(base_url=server.url, headers=bearer(reader), timeout=30) as http:
+            answers.append(http.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 5}))
+
+    waiters = [threading.Thread(target=wait_for_the_result) for _ in range(WAITERS)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(1.0)
+    try:
+        # When another tenant's request arrives meanwhile
+        with httpx.Client(base_url=server.url, headers=bearer(token), timeout=30) as http:
+            began = time.monotonic()
+            found = http.get(f"/v1/jobs/{job['job_id']}")
+            took = time.monotonic() - began
+        for waiter in waiters:
+            waiter.join(30)
+    finally:
+        _approve(server, acme, job["conversation_id"])
+
+    # Then it is answered at once, not when the waits end
+    assert found.status_code == 200, found.text
+    assert took < 2.0, f"a status request waited {took:.1f} s for a thread"
+    # and the waits beyond the cap were refused at once, retryable
+    codes = sorted(answer.status_code for answer in answers)
+    assert codes == [409] * MAX_WAITING + [503] * (WAITERS - MAX_WAITING), codes
+    refused = next(answer for answer in answers if answer.status_code == 503)
+    assert refused.json()["type"] == "ServiceUnavailableError"
