@@ -3,12 +3,14 @@ conversations, typed output, listing, and errors as JSON."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import httpx
 import pytest
 
-from tests.server.conftest import job_of_message
+from tests.server.conftest import Server, bearer, job_of_message
 
 pytestmark = pytest.mark.integration
 
@@ -167,3 +169,33 @@ def test_probes_answer_without_a_token(server: object, api: httpx.Client) -> Non
     bare = httpx.Client(base_url=str(api.base_url))
     assert bare.get("/v1/health").json() == {"status": "ok"}
     assert bare.get("/v1/ready").json() == {"postgres": True, "redis": True}
+
+
+def test_a_result_wait_ends_as_soon_as_its_job_is_cancelled(
+    server: Server, acme: str, api: httpx.Client
+) -> None:
+    # Given a job that waits for a person, its result and output waited for up to 25 s
+    job = _submit(api, "travel-desk", "cancelled while waited for")
+    answers: list[tuple[float, httpx.Response]] = []
+
+    def wait_for(route: str) -> None:
+        with httpx.Client(base_url=server.url, headers=bearer(acme), timeout=30) as http:
+            found = http.get(f"/v1/jobs/{job['job_id']}/{route}", params={"wait": 25})
+            answers.append((time.monotonic(), found))
+
+    waiters = [threading.Thread(target=wait_for, args=(route,)) for route in ("result", "output")]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(1.0)
+
+    # When the job is cancelled
+    assert api.post(f"/v1/jobs/{job['job_id']}/cancel").status_code == 200
+    cancelled_at = time.monotonic()
+    for waiter in waiters:
+        waiter.join(30)
+
+    # Then both waits end at once with the job's failure, not after 25 s
+    assert len(answers) == 2
+    for answered_at, found in answers:
+        _error(found, 409, "JobFailedError")
+        assert answered_at - cancelled_at < 2.0
