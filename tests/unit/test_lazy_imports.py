@@ -45,6 +45,28 @@ with tempfile.TemporaryDirectory() as tmp:
     client.close()
 """
 
+#: A client given its own dispatcher (as the test harness gives one), that
+#: submits and closes: it sends through that dispatcher, never Celery. (No
+#: Redis answers: the submit's live publish fails, and is logged.)
+CLIENT_WITH_ITS_DISPATCHER = """
+import tempfile
+from orchestrator import Client, Settings
+from orchestrator.store.migrate import upgrade
+from schemas import AgentSpec
+class Kept:
+    def __init__(self): self.sent = []
+    def send(self, actions): self.sent += actions
+    def revoke(self, task_ids): pass
+with tempfile.TemporaryDirectory() as tmp:
+    upgrade(f"sqlite:///{tmp}/db")
+    kept = Kept()
+    settings = Settings(database_url=f"sqlite:///{tmp}/db", redis_url="redis://127.0.0.1:1")
+    client = Client(settings, dispatcher=kept)
+    client.submit(AgentSpec(name="own", model="scripted/own"), "hi")
+    assert kept.sent and client.dispatcher is kept
+    client.close()
+"""
+
 #: Prints, as its last line, the top-level packages loaded by the code before it.
 REPORT = "import json, sys; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
 
@@ -88,6 +110,7 @@ CASES = {
         MODEL_AND_MCP + SERVER + VALIDATION + SENDING,
     ),
     "a client that only reads": (CLIENT_THAT_READS, MODEL_AND_MCP + SERVER + SENDING),
+    "a client with its own dispatcher": (CLIENT_WITH_ITS_DISPATCHER, MODEL_AND_MCP + SENDING),
     "declaring tools and agents": (
         "from orchestrator import Agent, MCPServer, schema_tool, tool",
         MODEL_AND_MCP,
