@@ -56,11 +56,21 @@ def describe(exc: BaseException) -> str:
     return redact(f"{type(exc).__name__}: {exc}")
 
 
+def _names(*ids: object) -> bool:
+    """Are these a task's ids as the engine sends them (strings)? A broker
+    message may carry anything: ``session.get`` would look a dict or a
+    tuple up as an identity (``{"id": <a live call>}``) where the task's
+    own statements refused it, and fail a turn the message does not name."""
+    return all(isinstance(found, str) for found in ids)
+
+
 def fail_at(
     rt: Runtime, conversation_id: str, turn_id: str, step: int, segment: int, error: str
 ) -> list[Action]:
     """Fail the turn if its cursor is still at (``step``, ``segment``); a
     subagent's failure answers its parent's call with the error."""
+    if not _names(conversation_id, turn_id):
+        return []
     with rt.transaction() as (session, outbox):
         conv = session.get(Conversation, conversation_id)
         if conv is None or not is_current(conv, turn_id, step, segment):
@@ -73,6 +83,8 @@ def fail_at(
 
 def fail_call(rt: Runtime, call_id: str, error: str) -> list[Action]:
     """Fail the turn of tool call ``call_id`` if its segment is still current."""
+    if not _names(call_id):
+        return []
     with rt.session() as session:
         call = session.get(ToolCallRow, call_id)
         if call is None:

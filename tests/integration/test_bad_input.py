@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from orchestrator import (
     Client,
     InvalidRequestError,
+    Job,
     UnknownAgentError,
     UnknownToolError,
 )
@@ -85,3 +87,38 @@ def test_garbage_task_payloads_leave_workers_unharmed(client: Client, workers: A
     assert job.result(timeout=60)
     assert job.status().status is TurnStatus.COMPLETED
     assert all(w.proc.poll() is None for w in workers.values())
+
+
+def _running_call(client: Client, job: Job) -> str:
+    deadline = time.monotonic() + 60
+    while not (running := [c for c in tool_calls(client, job.id) if c.status == "running"]):
+        assert time.monotonic() < deadline, "no tool call ran"
+        time.sleep(0.1)
+    return running[0].id
+
+
+@pytest.mark.parametrize("task", ["chorus.tool", "chorus.step", "chorus.advance"])
+def test_a_task_naming_a_live_turn_in_a_forged_shape_does_not_fail_it(
+    client: Client, workers: Any, task: str
+) -> None:
+    # Given a running turn: its model thinking (a step), or its tools running
+    # (a tool call, an advance to come)
+    job = client.submit("slow-answer" if task == "chorus.step" else "slow-batch", task)
+    forged = {"id": job.conversation_id}
+    if task == "chorus.step":
+        time.sleep(1.0)
+        args: tuple[Any, ...] = (forged, job.id, 0)
+    elif task == "chorus.tool":
+        args = ({"id": _running_call(client, job)},)
+    else:
+        _running_call(client, job)
+        args = (forged, job.id, 0, 0)
+
+    # When a task names its conversation or call as {"id": ...} (an identity
+    # the database session would look up, where the task's statements refuse it)
+    queue = {"chorus.step": "llm", "chorus.tool": "tools", "chorus.advance": "control"}[task]
+    client.celery.send_task(task, args=args, queue=queue, ignore_result=True)
+
+    # Then the turn runs on to its answer
+    assert job.result(timeout=90)
+    assert job.status().status is TurnStatus.COMPLETED
