@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +16,10 @@ from sqlmodel import col, select
 from orchestrator import Client, Settings
 from orchestrator.store.tables import Conversation, EventRow, utcnow
 from schemas import AgentSpec, EventName
+from tests.faults import ONE_WORKER, PrivateCluster, isolated_settings, running_fleet, wait_turns
 from tests.fleet import llm_fleet
 from tests.loopback_llm import LoopbackLLM
+from tests.services import Services
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +134,47 @@ def test_a_reply_whose_lease_was_taken_is_not_stored_but_its_usage_counts(
     events = list(job.events(deltas=False, timeout=5))
     assert not [e for e in events if e.name is EventName.TOOL_REQUESTED]
     assert [e.data["text"] for e in events if e.name is EventName.ASSISTANT_MESSAGE] == ["On time."]
+
+
+#: A lease that outlives the outage below with one renewal to spare (the
+#: heartbeat renews every STALL / 3 s).
+OUTAGE_LEASE = 9.0
+OUTAGE = 3.0  # Postgres is down this long (stopping and starting take ~2 s more)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(240)
+def test_the_heartbeat_keeps_a_lease_through_a_postgres_outage_shorter_than_it(
+    services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a fleet on a Postgres of its own, whose lease outlives a short outage
+    monkeypatch.setenv("CHORUS_LEASE_SECONDS", str(OUTAGE_LEASE))
+    with (
+        PrivateCluster() as cluster,
+        isolated_settings(
+            services, tmp_path, database_url=cluster.url, stall_timeout=STALL, sweep_interval=1.0
+        ) as settings,
+        running_fleet(settings, ONE_WORKER) as (client, fleet),
+        LoopbackLLM() as server,
+    ):
+        # and a provider that thinks silently for 16 s
+        server.enqueue_text("Worth the wait.", delay=16.0)
+        job = client.submit(_agent(server), "think through an outage")
+        deadline = time.monotonic() + 60
+        while not server.received:
+            assert time.monotonic() < deadline, "the model was never called"
+            time.sleep(0.05)
+
+        # When Postgres stops during the call and starts again 3 s later
+        time.sleep(1.0)
+        cluster.stop()
+        time.sleep(OUTAGE)
+        cluster.start()
+
+        # Then the heartbeat, whose renewals failed meanwhile, renews again in
+        # time: the provider was asked once, and the job completed
+        wait_turns(client, [job.conversation_id], 1, timeout=90)
+        assert job.result(timeout=30) == "Worth the wait."
+        assert len(server.received) == 1
+        log = fleet.procs["all"].log_path.read_text(errors="replace")
+    assert "could not renew model-call leases" in log
