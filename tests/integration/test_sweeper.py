@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import func, update
 from sqlmodel import col, select
 
-from orchestrator import Client, Settings, engine
+from orchestrator import Client, Job, Settings, engine
 from orchestrator.celery_conf import queue_lists
 from orchestrator.dispatch import dispatch
 from orchestrator.engine.actions import Action, Dequeue, RunAdvance, RunSegment, RunStep
@@ -392,40 +392,66 @@ def test_messages_lost_with_redis_data_are_re_queued_from_postgres(private: Priv
     assert len(_turns(client, conversation_id)) == 3
 
 
-def test_two_sweepers_at_once_re_dispatch_each_lost_step_once(private: Private) -> None:
-    # Given 20 jobs whose first step task was lost (no worker on this prefix;
-    # the queue purged), stalled for a minute
-    _settings, client = private(stall_timeout=2.0)
+def _lost_steps(client: Client, redispatches: int = 0) -> list[Job]:
+    """20 jobs whose first step task was lost (no worker on this prefix; the
+    queue purged), stalled for an hour, re-dispatched ``redispatches`` times."""
     jobs = [client.submit("quick", f"lost {i}") for i in range(20)]
     client.runtime.redis.delete(*_lists(client, "llm"))
-    own = {job.conversation_id for job in jobs}
     with client.runtime.session() as s:
         s.execute(
             update(Conversation)
-            .where(col(Conversation.id).in_(own))
-            .values(progress_at=func.now() - timedelta(minutes=1))
+            .where(col(Conversation.id).in_([job.conversation_id for job in jobs]))
+            .values(progress_at=func.now() - timedelta(hours=1), redispatches=redispatches)
         )
         s.commit()
+    return jobs
 
-    # When two sweepers (two beat replicas) sweep at the same moment, a few times
+
+def _two_sweeps_at_once(client: Client, own: set[str]) -> list[Action]:
+    """What two sweepers (two beat replicas) sweeping at the same moment
+    return for these conversations."""
+    start = threading.Barrier(2)
     found: list[list[Action]] = [[], []]
-    for _ in range(3):
-        start = threading.Barrier(2)
 
-        def sweep(into: list[Action], start: threading.Barrier = start) -> None:
-            start.wait()
-            into.extend(for_conversations(engine.sweep(client.runtime), own))
+    def sweep(into: list[Action]) -> None:
+        start.wait()
+        into.extend(for_conversations(engine.sweep(client.runtime), own))
 
-        threads = [threading.Thread(target=sweep, args=(into,)) for into in found]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+    threads = [threading.Thread(target=sweep, args=(into,)) for into in found]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return [a for into in found for a in into]
+
+
+def test_two_sweepers_at_once_re_dispatch_each_lost_step_once(private: Private) -> None:
+    # Given 20 jobs whose first step was lost
+    _settings, client = private(stall_timeout=2.0)
+    own = {job.conversation_id for job in _lost_steps(client)}
+
+    # When two sweepers sweep at the same moment, a few times
+    sent = [a for _ in range(3) for a in _two_sweeps_at_once(client, own)]
 
     # Then each lost step was re-dispatched exactly once, by one of them
-    sent = [a for into in found for a in into]
     assert sorted(a.conversation_id for a in sent) == sorted(own)
     assert all(isinstance(a, RunStep) for a in sent)
     with client.runtime.session() as s:
         counts = s.exec(select(Conversation.redispatches).where(col(Conversation.id).in_(own)))
         assert list(counts) == [1] * 20
+
+
+def test_two_sweepers_at_once_give_up_on_each_stuck_step_once(private: Private) -> None:
+    # Given 20 jobs whose first step was lost as often as the sweeper re-sends it
+    _settings, client = private(stall_timeout=2.0, max_redispatches=2)
+    jobs = _lost_steps(client, redispatches=2)
+
+    # When two sweepers sweep at the same moment
+    _two_sweeps_at_once(client, {job.conversation_id for job in jobs})
+
+    # Then each turn failed once, one way
+    for job in jobs:
+        names = [e.name for e in job.events(deltas=False, timeout=5)]
+        assert names.count(EventName.TURN_FAILED) == 1, names
+        with pytest.raises(JobFailedError, match="no progress after 2 re-dispatches"):
+            job.result(timeout=5)
