@@ -79,12 +79,13 @@ import json
 import os
 import secrets
 import signal
+import socket
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ from bench._harness import (  # noqa: E402
     DEFAULT_REDIS,
     Worker,
     bench_main,
+    chorus_worker_cmd,
     database,
     group_cpu_seconds,
     machine_busy_seconds,
@@ -160,6 +162,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--py-spy",
         metavar="BIN",
         help="sample both workers with this py-spy executable during the timed turns",
+    )
+    p.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also time Chorus with tracing on: a second chorus worker exporting every span "
+        "over OTLP/HTTP to a receiver in this process (the side 'chorus traced')",
     )
     p.add_argument("--keep-logs", action="store_true", help="print where worker logs are")
     args = p.parse_args(argv)
@@ -429,6 +437,13 @@ def profiling_env(args: argparse.Namespace, directory: Path) -> dict[str, str]:
     return env
 
 
+def start_profiling(args: argparse.Namespace, dirs: dict[str, Path]) -> None:
+    """Tell the workers to profile from now on (``--profile``, ``--task-cpu``)."""
+    if args.profile or args.task_cpu:
+        for directory in dirs.values():
+            (directory / "on").touch()
+
+
 def print_profiles(args: argparse.Namespace, dirs: dict[str, Path]) -> None:
     """What the stopped workers wrote: ``--profile`` and ``--task-cpu``."""
     steps = args.turns * args.steps
@@ -438,6 +453,77 @@ def print_profiles(args: argparse.Namespace, dirs: dict[str, Path]) -> None:
     if args.task_cpu:
         print_task_cpu("chorus worker", dirs["chorus"], steps)
         print_task_cpu("raw worker (both rows)", dirs["raw"], steps)
+
+
+# --- tracing on -------------------------------------------------------------
+
+TRACED = "chorus traced"
+
+
+@dataclass
+class Traced:
+    """The ``--tracing`` side: a chorus worker of its own (own Redis prefix)
+    with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, exporting to ``receiver``."""
+
+    worker: Worker
+    node: str
+    prefix: str
+    receiver: Any
+    job_ids: list[str] = field(default_factory=list)
+
+    def side(self, agent: str, text: str, expected: str, timeout: float, stack: ExitStack) -> Side:
+        from orchestrator import Client
+        from orchestrator.settings import load_settings
+
+        client = Client(load_settings(redis_prefix=self.prefix))
+        stack.callback(client.close)
+        wait_ready(client.celery, self.worker, node=self.node)
+        run = chorus_turn(client, agent, text, expected, timeout, self.job_ids)
+        return Side(TRACED, run, self.worker)
+
+    def report(self, off: Side, on: Side, steps: int) -> None:
+        """Tracing's cost: on / off in wall time and worker CPU, and what was sent."""
+        wall = statistics.median(on.seconds) / statistics.median(off.seconds)
+        cpu_off, cpu_on = (s.worker_cpu * 1000 / (len(s.seconds) * steps) for s in (off, on))
+        time.sleep(6)  # the batch processor's schedule delay is 5 s: let it send the rest
+        spans = self.receiver.received()
+        traces = {span.trace_id for span in spans}
+        print(
+            f"tracing: on / off wall {wall:.2f}; worker CPU {cpu_on:.1f} against {cpu_off:.1f} "
+            f"ms/step ({cpu_on - cpu_off:+.1f}); {len(spans)} spans received in "
+            f"{len(traces)} traces ({len(spans) / max(len(traces) * steps, 1):.1f} a step)"
+        )
+
+
+@contextmanager
+def traced_worker(
+    args: argparse.Namespace, run_id: str, base_env: dict[str, str], workdir: Path, redis_url: str
+) -> Iterator[Traced | None]:
+    """With ``--tracing``: the OTLP receiver and the traced chorus worker."""
+    if not args.tracing:
+        yield None
+        return
+    from tests.otlp import otlp_receiver
+
+    prefix, node = f"chorus-bench-traced-{run_id}", f"bench-traced-{run_id}"
+    with ExitStack() as stack:
+        receiver = stack.enter_context(otlp_receiver())
+        stack.callback(purge_redis, redis_url, [prefix])
+        env = {
+            **base_env,
+            "CHORUS_REDIS_PREFIX": prefix,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+            "OTEL_SERVICE_NAME": "chorus-bench",
+        }
+        worker = stack.enter_context(
+            worker_process(
+                "traced",
+                chorus_worker_cmd(node, args.pool, args.concurrency, args.loglevel),
+                env,
+                workdir / "traced-worker.log",
+            )
+        )
+        yield Traced(worker, f"{node}@{socket.gethostname()}", prefix, receiver)
 
 
 # --- main -----------------------------------------------------------------
@@ -501,19 +587,14 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         chorus_worker = stack.enter_context(
             worker_process(
                 "chorus",
-                [
-                    str(bindir / "chorus"),
-                    "worker",
-                    *pool,
-                    "-l",
-                    args.loglevel,
-                    "-n",
-                    f"bench-chorus-{run_id}@%h",
-                ],
+                chorus_worker_cmd(
+                    f"bench-chorus-{run_id}", args.pool, args.concurrency, args.loglevel
+                ),
                 env_for("chorus"),
                 workdir / "chorus-worker.log",
             )
         )
+        traced = stack.enter_context(traced_worker(args, run_id, base_env, workdir, redis_url))
         raw_worker = stack.enter_context(
             worker_process(
                 "raw",
@@ -581,20 +662,24 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                 raw_worker,
             ),
         ]
+        if traced is not None:
+            text = job_input(args.steps, tasks.TOOLS_PER_STEP)
+            expected = expected_answer(args.steps)
+            sides.append(traced.side(agent, text, expected, args.turn_timeout, stack))
         for side in sides:
             ms = side.timed(args.steps)
             print(f"warm-up  {side.name:<11} {ms:8.2f} ms/step (excluded)", flush=True)
             side.reset()
         job_ids.clear()
-        if args.profile or args.task_cpu:
-            for directory in profile_dirs.values():
-                (directory / "on").touch()
+        start_profiling(args, profile_dirs)
         with py_spy(args.py_spy, [chorus_worker, raw_worker], workdir) as samples:
             for turn in range(args.turns):
                 for side in sides:
                     ms = side.timed(args.steps)
                     print(f"turn {turn + 1:<3} {side.name:<11} {ms:8.2f} ms/step", flush=True)
         report(sides, args.steps)
+        if traced is not None:
+            traced.report(sides[0], sides[-1], args.steps)
         chorus_phases(client, job_ids)
         for name, path in samples.items():
             print_py_spy(f"{name} worker", path, args.turns * args.steps, args.profile_top)
