@@ -7,21 +7,24 @@ A fleet (one ``chorus worker`` process, every queue, a threads pool) runs
 the agent ``bench-api`` (``bench/api_tasks.py``): one tool call that
 sleeps ``--pause`` seconds, then an answer; about a dozen events a turn.
 
-* **submits/s**: ``--submits`` jobs submitted by ``--submitters`` threads,
-  over HTTP (``POST /v1/jobs``, one ``httpx.Client`` a thread, to a
-  ``chorus server`` process) and with ``Client.submit`` (one client shared
-  by the threads). The fleet then drains before the next phase.
-* **followers**: ``--followers`` jobs are submitted and each is followed
-  at once to its end: over HTTP, one SSE stream each from one asyncio
-  loop (``httpx.AsyncClient``); with the client, one thread each iterating
-  ``Job.events()``. **Event latency** is the time an event is delivered
-  minus its stored ``time`` (when its transaction wrote it), over the
-  events stored after the follower connected (replayed ones are not
-  live; over HTTP, after the stream's headers came), median and p95.
-  **Memory per follower** is the growth of the
+* **followers alone**: ``--followers`` jobs are submitted and each is
+  followed at once to its end: over HTTP, one SSE stream each from one
+  asyncio loop (``httpx.AsyncClient``); with the client, one thread each
+  iterating ``Job.events()``. **Memory per follower** is the growth of the
   serving process's RSS (the ``chorus server`` process over HTTP, this
   process with the client) from before the followers connect to its peak
   while they follow, divided by their number.
+* **followers and submitters at once**: as many new followers again, and
+  while they follow, ``--submits`` jobs submitted by ``--submitters``
+  threads, over HTTP (``POST /v1/jobs``, one ``httpx.Client`` a thread, to
+  a ``chorus server`` process) and with ``Client.submit`` (one client
+  shared by the threads): **submits/s** under that load.
+* **Event latency** (both phases) is the time an event is delivered minus
+  its stored ``time`` (when its transaction wrote it), over the events
+  stored after the follower connected (replayed ones are not live; over
+  HTTP, after the stream's headers came), median and p95. ``tool.started``
+  is left out: it is stored with its tool's result and carries the claim's
+  time, so its "latency" would be the tool's run time.
 
 Redis is ``CHORUS_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``)
 under a fresh key prefix, Postgres ``CHORUS_DATABASE_URL`` or a fresh
@@ -94,9 +97,26 @@ def peak_rss(pid: int) -> Iterator[dict[str, float]]:
         thread.join()
 
 
+#: Stored with its tool's result but carrying the claim's time (a tool's
+#: start is not a write of its own): its "latency" is the tool's run time.
+_CLAIM_TIMED = "tool.started"
+
+
 def _latency(event: dict[str, Any], since: float) -> float | None:
+    if event["name"] == _CLAIM_TIMED:
+        return None
     stored = datetime.fromisoformat(event["time"]).timestamp()
     return time.time() - stored if stored >= since else None
+
+
+def _percentiles(latencies: list[float]) -> tuple[float, float, int]:
+    """Median and p95 in ms, and how many."""
+    ordered = sorted(latencies)
+    return (
+        statistics.median(ordered) * 1000,
+        ordered[int(len(ordered) * 0.95)] * 1000,
+        len(ordered),
+    )
 
 
 def timed_submits(
@@ -135,7 +155,7 @@ def _follow_client(client: Any, job_ids: list[str]) -> list[float]:
     def one(job_id: str) -> None:
         since = time.time()
         for event in client.job(job_id).events(deltas=False):
-            found = _latency({"time": event.time.isoformat()}, since)
+            found = _latency({"name": event.name, "time": event.time.isoformat()}, since)
             if found is not None:
                 latencies.append(found)
 
@@ -214,34 +234,41 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             ("HTTP API", http_submit, server_pid),
             ("Python client", client_submit, os.getpid()),
         ):
-            rate, ids = timed_submits(submit, args.submits, args.submitters)
-            _wait_all(client, ids)
-            followed = [submit(i) for i in range(args.followers)]
+
+            def follow(job_ids: list[str], side: str = label) -> list[float]:
+                if side == "HTTP API":
+                    return asyncio.run(_follow_http(url, token, job_ids))
+                return _follow_client(client, job_ids)
+
+            alone = [submit(i) for i in range(args.followers)]
             with peak_rss(pid) as memory:
-                if label == "HTTP API":
-                    latencies = asyncio.run(_follow_http(url, token, followed))
-                else:
-                    latencies = _follow_client(client, followed)
-            _wait_all(client, followed)
-            latencies.sort()
-            rows.append(
-                (
-                    label,
-                    rate,
-                    statistics.median(latencies) * 1000,
-                    latencies[int(len(latencies) * 0.95)] * 1000,
-                    len(latencies),
-                    (memory["peak"] - memory["before"]) * 1024 / args.followers,
-                )
-            )
+                quiet = follow(alone)
+            _wait_all(client, alone)
+            # followers and submitters at once: the rate while followed, the
+            # latency while submitted to
+            loaded = [submit(i) for i in range(args.followers)]
+            with ThreadPoolExecutor(1) as background:
+                submitting = background.submit(timed_submits, submit, args.submits, args.submitters)
+                busy = follow(loaded)
+                rate, ids = submitting.result()
+            _wait_all(client, loaded + ids)
+            kb = (memory["peak"] - memory["before"]) * 1024 / args.followers
+            rows.append((label, rate, _percentiles(busy), _percentiles(quiet), kb))
     print(
-        f"{args.submits} submits from {args.submitters} threads; {args.followers} followers "
-        f"of a {args.pause:g} s turn each; 1-min load {os.getloadavg()[0]:.1f}"
+        f"{args.submits} submits from {args.submitters} threads while {args.followers} "
+        f"followers follow a {args.pause:g} s turn each (then the followers alone); "
+        f"1-min load {os.getloadavg()[0]:.1f}"
     )
-    head = f"{'submits/s':>10} {'latency p50':>12} {'p95':>8} {'events':>7} {'KB/follower':>12}"
+    head = (
+        f"{'submits/s':>10} {'latency p50':>12} {'p95':>8} {'events':>7}"
+        f" {'alone: p50':>11} {'p95':>8} {'KB/follower':>12}"
+    )
     print(f"{'':<14} {head}")
-    for label, rate, p50, p95, count, kb in rows:
-        print(f"{label:<14} {rate:>10.1f} {p50:>9.1f} ms {p95:>5.1f} ms {count:>7} {kb:>12.0f}")
+    for label, rate, (p50, p95, count), (q50, q95, _), kb in rows:
+        print(
+            f"{label:<14} {rate:>10.1f} {p50:>9.1f} ms {p95:>5.1f} ms {count:>7}"
+            f" {q50:>8.1f} ms {q95:>5.1f} ms {kb:>12.0f}"
+        )
     return 0
 
 
