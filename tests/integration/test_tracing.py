@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -31,25 +32,40 @@ CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 
 
-@pytest.fixture(scope="module")
-def traced(settings: Settings) -> Iterator[tuple[Client, Receiver]]:
-    """A client and two traced workers (llm+control threads, tools prefork) on
-    queues of their own, exporting to a receiver in this process."""
-    own = settings.model_copy(update={"redis_prefix": f"{settings.redis_prefix}-trace"})
+@contextmanager
+def _traced_fleet(
+    settings: Settings, name: str, queues: list[tuple[str, ...]], **env: str
+) -> Iterator[tuple[Client, Receiver]]:
+    """A client and traced workers on queues of their own (prefix ``-name``),
+    exporting to a receiver in this process, ``env`` set for them."""
+    own = settings.model_copy(update={"redis_prefix": f"{settings.redis_prefix}-{name}"})
     with otlp_receiver() as receiver, pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
         monkeypatch.setenv("OTEL_SERVICE_NAME", "chorus-test")
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
         client = Client(own)
-        fleet = [
-            WorkerProcess(own, "trace-llm", "-Q", "llm,control", "-P", "threads", "-c", "4"),
-            WorkerProcess(own, "trace-tools", "-Q", "tools", "-P", "prefork", "-c", "2"),
-        ]
+        fleet = [WorkerProcess(own, f"{name}-{i}", *args) for i, args in enumerate(queues)]
         try:
             with started(client, fleet):
                 yield client, receiver
         finally:
             client.close()
+
+
+@pytest.fixture(scope="module")
+def traced(settings: Settings) -> Iterator[tuple[Client, Receiver]]:
+    """Two traced workers: llm+control threads, tools prefork."""
+    with _traced_fleet(
+        settings,
+        "trace",
+        [
+            ("-Q", "llm,control", "-P", "threads", "-c", "4"),
+            ("-Q", "tools", "-P", "prefork", "-c", "2"),
+        ],
+    ) as fleet:
+        yield fleet
 
 
 def _wait_for(receiver: Receiver, trace_id: str, count: int) -> list[ReceivedSpan]:
@@ -238,3 +254,47 @@ def test_an_async_submit_joins_the_trace_given(traced: tuple[Client, Receiver]) 
     # Then the job's root span is a child of the caller's span
     joined = _root_span(receiver, asyncio.run(submit()))
     assert (joined.trace_id, joined.parent_id) == (trace, span)
+
+
+#: A credential the content test's worker holds: it must never reach a span.
+TRACE_SECRET = "Sk-trace-Secret-4242"
+
+
+def test_message_contents_are_on_spans_only_when_opted_in_and_redacted(
+    settings: Settings,
+) -> None:
+    """``CHORUS_TRACE_CONTENT=true`` adds the messages, tool definitions, and
+    each tool call's arguments and result (the spans of the fleet above,
+    without it, carry none: test_one_job_is_one_connected_trace); a
+    credential of the worker's in the input is masked."""
+    with _traced_fleet(
+        settings,
+        "trace-content",
+        [("-Q", "llm,control,tools", "-P", "threads", "-c", "4")],
+        CHORUS_TRACE_CONTENT="true",
+        CHORUS_TEST_TRACE_API_KEY=TRACE_SECRET,
+    ) as (client, receiver):
+        trace = "6bf92f3577b34da6a3ce929d0e0e4739"
+        job = client.submit(
+            "traced-lead", f"go with {TRACE_SECRET}", trace_parent=f"00-{trace}-{CALLER_SPAN}-01"
+        )
+        assert job.result(timeout=60).startswith("results:")
+        spans = _wait_for(receiver, trace, 8)
+
+    chats = [s for s in spans if s.name == "chat traced-lead"]
+    assert len(chats) == 2
+    first = min(chats, key=lambda s: s.start_ns)
+    asked = first.attributes["gen_ai.input.messages"]
+    assert "go with ***" in asked and TRACE_SECRET not in asked
+    assert '"add"' in first.attributes["gen_ai.tool.definitions"]
+    answered = first.attributes["gen_ai.output.messages"]
+    assert '"tool_call"' in answered and '"subagent__echo-child"' in answered
+    adds = sorted(
+        (s for s in spans if s.name == "execute_tool add"),
+        key=lambda s: s.attributes["gen_ai.tool.call.arguments"],
+    )
+    assert [
+        (s.attributes["gen_ai.tool.call.arguments"], s.attributes["gen_ai.tool.call.result"])
+        for s in adds
+    ] == [('{"a": 1, "b": 2}', "3"), ('{"a": 3, "b": 4}', "7")]
+    assert not any(TRACE_SECRET in str(s.attributes) for s in spans)
