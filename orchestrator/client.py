@@ -6,7 +6,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from functools import cached_property
 from typing import Any
 
 from orchestrator import client_args as args
@@ -37,6 +36,7 @@ from orchestrator.job_reads import (
     within,
 )
 from orchestrator.keys import events_stream
+from orchestrator.lazy import made_once
 from orchestrator.runtime import Runtime
 from orchestrator.sending import Sending
 from orchestrator.settings import Settings, load_settings
@@ -96,12 +96,12 @@ class Client(Sending):
         if dispatcher is not None:
             self.dispatcher = dispatcher
 
-    @cached_property
+    @made_once
     def ends(self) -> TurnEnds:
         """The one checker in Postgres of the turns this client's waiters wait for."""
         return TurnEnds(self.runtime)
 
-    @cached_property
+    @made_once
     def streams(self) -> StreamReader:
         """The one reader of live event streams shared by this client's waiters."""
         if self.settings.redis_url is None:

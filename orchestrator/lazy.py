@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
+
+Owner = TypeVar("Owner")
+T = TypeVar("T")
 
 
 def lazy_exports(
@@ -41,3 +45,39 @@ def lazy_exports(
         return sorted({*vars(sys.modules[package]), *exports})
 
     return __getattr__, __dir__
+
+
+class made_once(Generic[Owner, T]):
+    """:func:`functools.cached_property` whose value is made once whichever
+    of an object's threads asks first: ``cached_property`` lost its lock in
+    Python 3.12, so two threads could each make one (two Redis readers, say,
+    one of them never closed). Like it, the value is stored in the object's
+    ``__dict__``, where an assignment may put another."""
+
+    def __init__(self, make: Callable[[Owner], T]) -> None:
+        self.make = make
+        self.name = make.__name__
+        self.__doc__ = make.__doc__
+        self.lock = threading.RLock()
+
+    def __set_name__(self, owner: type[Owner], name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type[Owner] | None = None) -> made_once[Owner, T]: ...
+
+    @overload
+    def __get__(self, obj: Owner, owner: type[Owner] | None = None) -> T: ...
+
+    def __get__(
+        self, obj: Owner | None, owner: type[Owner] | None = None
+    ) -> T | made_once[Owner, T]:
+        if obj is None:
+            return self
+        held: dict[str, Any] = obj.__dict__
+        if self.name not in held:
+            with self.lock:
+                if self.name not in held:
+                    held[self.name] = self.make(obj)
+        value: T = held[self.name]
+        return value

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cached_property
 
 import redis
 from sqlalchemy.engine import Connection, Engine
@@ -12,6 +11,7 @@ from sqlmodel import Session
 
 from orchestrator.errors import ConfigurationError
 from orchestrator.events import Outbox, publish_live
+from orchestrator.lazy import made_once
 from orchestrator.llm.client import LiteLLMClient, ModelClient
 from orchestrator.settings import Settings
 from orchestrator.store.db import Db, Pool, autocommit_scope, session_scope
@@ -34,7 +34,7 @@ class Runtime:
         #: settings' URL (the async client binds its async driver's here).
         self.engine: Engine | None = None
 
-    @cached_property
+    @made_once
     def redis(self) -> redis.Redis:
         if self.settings.redis_url is None:
             raise ConfigurationError(
@@ -42,7 +42,7 @@ class Runtime:
             )
         return redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
 
-    @cached_property
+    @made_once
     def pool(self) -> Pool:
         return Pool(self.settings.db_pool_size, self.settings.db_pool_overflow)
 

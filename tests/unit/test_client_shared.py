@@ -4,6 +4,7 @@ follower's decisions (client_args.py, job_reads.py)."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -137,27 +138,60 @@ def test_a_follower_without_deltas_drops_them() -> None:
     assert due == [] and not stale
 
 
-def test_threads_sending_first_at_once_share_one_celery_app(tmp_path: Path) -> None:
-    # Given a new client (an embedded database; no task sent yet)
+def test_threads_using_a_new_client_at_once_share_what_it_makes(tmp_path: Path) -> None:
+    # Given a new client (an embedded database; no task sent, nothing read yet)
     from orchestrator import Client, Settings
     from orchestrator.store.migrate import upgrade
 
     url = f"sqlite:///{tmp_path}/db"
     upgrade(url)
     client = Client(Settings(database_url=url, redis_url="redis://127.0.0.1:1"))
-    # When 16 threads ask for its app and dispatcher at once
+    # When 16 threads ask at once for its app and dispatcher, its live
+    # reader and turn-end checker, and its runtime's Redis and pool
     gate = threading.Barrier(16)
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, ...]] = []
 
-    def first_send() -> None:
+    def first_use() -> None:
         gate.wait()
-        seen.append((id(client.celery), id(client.dispatcher)))
+        made = (client.celery, client.dispatcher, client.streams, client.ends)
+        seen.append(tuple(map(id, (*made, client.runtime.redis, client.runtime.pool))))
 
-    threads = [threading.Thread(target=first_send) for _ in range(16)]
+    threads = [threading.Thread(target=first_use) for _ in range(16)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    # Then all got the same one (one app, one pool of broker connections)
+    # Then all got the same ones (one app, one reader thread, one pool each)
     assert len(seen) == 16 and len(set(seen)) == 1
     client.close()
+
+
+def test_made_once_makes_its_value_once_however_many_threads_ask_first() -> None:
+    from orchestrator.lazy import made_once
+
+    class Holder:
+        made = 0
+
+        @made_once
+        def value(self) -> object:
+            """A slow thing to make."""
+            Holder.made += 1
+            time.sleep(0.05)  # every thread arrives while the first makes it
+            return object()
+
+    holder, gate = Holder(), threading.Barrier(8)
+    seen: list[object] = []
+
+    def ask() -> None:
+        gate.wait()
+        seen.append(holder.value)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert Holder.made == 1 and len({id(v) for v in seen}) == 1
+    assert Holder.value.__doc__ == "A slow thing to make."
+    holder.value = "set"  # like cached_property: an assignment replaces it
+    assert holder.value == "set"
