@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlmodel import col, select
 
-from orchestrator import Agent, Client, Job, ToolContext, tool
+from orchestrator import Agent, Client, Job, ToolContext, schema_tool, tool
 from orchestrator.events import row_to_event
 from orchestrator.llm.scripted import Reply, call, register_script, scripted_model
 from orchestrator.store.tables import EventRow
@@ -102,3 +102,28 @@ register_script(
     "hostile-desk", [Reply.call(call("book_flight", flight=HOSTILE_FLIGHT)), echo_results] * 20
 )
 Agent("hostile-desk", scripted_model("hostile-desk"), tools=[book_flight])
+
+
+def _cancel_booking(args: dict[str, Any], ctx: ToolContext) -> str:
+    _mark(ctx, f"cancel_booking {args['booking']}")
+    return f"cancelled {args['booking']}"
+
+
+#: A JSON-schema tool that needs a person's answer, like book_flight.
+cancel_booking = schema_tool(
+    "cancel_booking",
+    "Cancel a booking (a person approves every cancellation).",
+    {
+        "type": "object",
+        "properties": {"booking": {"type": "string"}},
+        "required": ["booking"],
+        "additionalProperties": False,
+    },
+    _cancel_booking,
+    arguments="dict",
+    approval=True,
+)
+register_script(
+    "cancel-desk", [Reply.call(call("cancel_booking", booking="BK-7")), echo_results] * 20
+)
+Agent("cancel-desk", scripted_model("cancel-desk"), tools=[cancel_booking])

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import ChorusError, Client, ConflictError, Job, Settings
-from schemas import EventName, PendingApproval, TurnStatus
+from orchestrator import ChorusError, Client, ConflictError, Job, JobFailedError, Settings
+from schemas import Budget, EventName, PendingApproval, TurnStatus
 from tests.approval_agents import stored_events
 from tests.conftest import WorkerProcess, replace_tools_worker, tool_calls, worker_env
 from tests.fleet import running_beat
@@ -201,3 +201,50 @@ def test_a_worker_killed_while_a_call_waits(
     assert _runs(mark).count("book_flight LIS-123") == 1
     [call] = [c for c in tool_calls(client, job.id) if c.tool == "book_flight"]
     assert (call.status, call.attempts) == ("completed", 1)
+
+
+def test_a_json_schema_tool_that_needs_approval_waits_then_runs(
+    client: Client, workers: Any, tmp_path: Path
+) -> None:
+    # Given an agent whose JSON-schema tool is declared with approval=True
+    mark = tmp_path / "mark"
+    job = client.submit("cancel-desk", "cancel BK-7", context_data={"mark": str(mark)})
+    # Then its call waits with the arguments the model sent, and does not run
+    waiting = _waiting(client, job)
+    assert (waiting.tool, waiting.arguments) == ("cancel_booking", {"booking": "BK-7"})
+    time.sleep(0.5)
+    assert _runs(mark) == [] and job.status().status is TurnStatus.RUNNING
+    # When it is approved, it runs once and the model gets its result
+    client.approve(waiting.call_id, by="carol")
+    assert "cancelled BK-7" in job.result(timeout=60)
+    assert _runs(mark) == ["cancel_booking BK-7"]
+
+
+def test_a_spent_wall_time_budget_ends_a_waiting_call_like_a_running_one(
+    settings: Settings, client: Client, workers: Any, tmp_path: Path
+) -> None:
+    # Given beat (the sweeper) and a job of 2 s wall time whose call waits for a person
+    mark = tmp_path / "mark"
+    with running_beat(settings):
+        job = client.submit(
+            "travel-desk",
+            "book",
+            context_data={"mark": str(mark)},
+            budget=Budget(wall_seconds=2),
+        )
+        waiting = _waiting(client, job)
+        # When its budget is spent while nobody answers
+        with pytest.raises(JobFailedError, match="budget"):
+            job.result(timeout=60)
+    # Then the job ends on its budget, the waiting call is cancelled (not
+    # denied, not left waiting), and a late approval runs nothing
+    assert job.status().status is TurnStatus.FAILED
+    names = _names(client, job)
+    assert EventName.BUDGET_EXCEEDED in names and EventName.TOOL_CANCELLED in names
+    [call] = [c for c in tool_calls(client, job.id) if c.tool == "book_flight"]
+    assert call.status == "cancelled"
+    assert client.pending_approvals(conversation_id=job.conversation_id) == []
+    with pytest.raises(ConflictError):
+        client.approve(waiting.call_id)
+    time.sleep(0.5)
+    assert "book_flight LIS-123" not in _runs(mark)
