@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -269,6 +270,36 @@ def machine_busy_seconds() -> float:
 def self_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+# --- memory ---------------------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@contextmanager
+def peak_rss(pid: int) -> Iterator[dict[str, float]]:
+    """``{"before", "peak"}`` RSS (MB) of ``pid``, sampled every 50 ms."""
+    found = {"before": rss_mb(pid), "peak": 0.0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            found["peak"] = max(found["peak"], rss_mb(pid))
+            done.wait(0.05)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        done.set()
+        thread.join()
 
 
 # --- py-spy ---------------------------------------------------------------

@@ -48,9 +48,9 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -64,38 +64,11 @@ from bench._harness import (  # noqa: E402
     bench_main,
     chorus_worker_cmd,
     client_services,
+    peak_rss,
     wait_ready,
     worker_env,
     worker_process,
 )
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-@contextmanager
-def peak_rss(pid: int) -> Iterator[dict[str, float]]:
-    """``{"before", "peak"}`` RSS (MB) of ``pid``, sampled every 50 ms."""
-    found = {"before": rss_mb(pid), "peak": 0.0}
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            found["peak"] = max(found["peak"], rss_mb(pid))
-            done.wait(0.05)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield found
-    finally:
-        done.set()
-        thread.join()
-
 
 #: Stored with its tool's result but carrying the claim's time (a tool's
 #: start is not a write of its own): its "latency" is the tool's run time.

@@ -11,7 +11,10 @@ from starting the waiters to the last answer (and from the first submit),
 whether every answer is right, the client's CPU seconds, and the most
 Postgres and Redis connections the client held meanwhile, as the servers
 count them (``pg_stat_activity`` and ``CLIENT LIST`` rows carrying the
-client's name, sampled every half second: :meth:`AsyncClient.connections`).
+client's name, sampled every half second: :meth:`AsyncClient.connections`),
+and the client process's memory: its RSS just before the waiters start and
+its peak while they wait (sampled every 50 ms), the growth divided by the
+waiters.
 The client imports no agent module: it validates ``bench-waited`` against
 what the workers published.
 
@@ -22,6 +25,7 @@ key prefix deleted at the end; Postgres is ``CHORUS_DATABASE_URL`` if set,
 otherwise a database created on ``--admin-url``, migrated, and dropped.
 
     .venv/bin/python bench/async_waiters.py [--waiters 10000] [--jobs 200]
+    .venv/bin/python bench/async_waiters.py --waiters 1000
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from bench._harness import (  # noqa: E402
     bench_main,
     chorus_worker_cmd,
     client_services,
+    peak_rss,
     raise_exit,
     self_cpu_seconds,
     wait_ready,
@@ -89,18 +94,19 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         jobs = [await client.submit("bench-waited", f"job {i}") for i in range(args.jobs)]
         submitted = time.monotonic()
         cpu = self_cpu_seconds()
-        waits = [
-            asyncio.ensure_future(jobs[n % len(jobs)].result(timeout=args.timeout))
-            for n in range(args.waiters)
-        ]
-        done = asyncio.ensure_future(asyncio.gather(*waits))
-        while not done.done():
-            held = await client.connections()
-            for kind in peak:
-                peak[kind] = max(peak[kind], held[kind])
-            await asyncio.wait([done], timeout=0.5)
-        answers = done.result()
-        ended = time.monotonic()
+        with peak_rss(os.getpid()) as memory:
+            waits = [
+                asyncio.ensure_future(jobs[n % len(jobs)].result(timeout=args.timeout))
+                for n in range(args.waiters)
+            ]
+            done = asyncio.ensure_future(asyncio.gather(*waits))
+            while not done.done():
+                held = await client.connections()
+                for kind in peak:
+                    peak[kind] = max(peak[kind], held[kind])
+                await asyncio.wait([done], timeout=0.5)
+            answers = done.result()
+            ended = time.monotonic()
         cpu = self_cpu_seconds() - cpu
     wrong = sum(a != f"done job {n % len(jobs)}" for n, a in enumerate(answers))
     return {
@@ -109,6 +115,8 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         "total_s": ended - started,
         "cpu_s": cpu,
         "wrong": wrong,
+        "rss_before_mb": memory["before"],
+        "rss_peak_mb": memory["peak"],
         **{f"peak_{k}": v for k, v in peak.items()},
     }
 
@@ -161,6 +169,12 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     print(f"wrong answers                  {int(figures['wrong']):8d}")
     print(f"Postgres connections held, max {int(figures['peak_postgres']):8d} (pg_stat_activity)")
     print(f"Redis connections held, max    {int(figures['peak_redis']):8d} (CLIENT LIST)")
+    grown = figures["rss_peak_mb"] - figures["rss_before_mb"]
+    print(
+        f"client RSS                     {figures['rss_before_mb']:8.1f} MB before the waiters, "
+        f"peak {figures['rss_peak_mb']:.1f} MB (+{grown:.1f} MB, "
+        f"{grown * 1024 / args.waiters:.1f} KB a waiter)"
+    )
     return 1 if figures["wrong"] else 0
 
 

@@ -38,6 +38,7 @@ from orchestrator import client_ops as ops
 from orchestrator import registry, tracing
 from orchestrator.async_waits import AsyncStreamReader, AsyncSubscription, AsyncTurnEnds
 from orchestrator.engine.actions import Action
+from orchestrator.engine.approvals import sent_later_if_broker_down
 from orchestrator.engine.turns import JobRef
 from orchestrator.errors import ConfigurationError
 from orchestrator.events import ENTRY_EVENT, is_cut
@@ -314,7 +315,9 @@ class AsyncClient(Sending):
     async def _answer(
         self, call_id: str, decision: Decision, by: str | None, text: str | None
     ) -> None:
-        await self._send(await self._run(ops.answer, self.runtime, call_id, decision, by, text))
+        actions = await self._run(ops.answer, self.runtime, call_id, decision, by, text)
+        with sent_later_if_broker_down(call_id):
+            await self._send(actions)
 
     async def pending_approvals(
         self,

@@ -12,6 +12,7 @@ from orchestrator import client_args as args
 from orchestrator import client_ops as ops
 from orchestrator import registry, tracing
 from orchestrator.engine.actions import Dispatcher
+from orchestrator.engine.approvals import sent_later_if_broker_down
 from orchestrator.engine.turns import JobRef
 from orchestrator.errors import (
     ConfigurationError,
@@ -252,7 +253,9 @@ class Client(Sending):
         """Approve a tool call waiting for a person's answer: it runs, and its
         turn goes on. ``by`` names who answered in ``tool.approved`` (default:
         this process's user). The answer is stored in Postgres before the
-        call is sent (the sweeper re-sends it if this process dies). Raises
+        call is sent (the sweeper re-sends it if this process dies); if
+        Redis does not answer, the answer still stands and this returns:
+        the sweeper sends the call once Redis is back. Raises
         :class:`~orchestrator.errors.ApprovalNotFound` for an unknown call
         and :class:`~orchestrator.errors.ConflictError` for one already
         answered (the first answer stands) or no longer waiting."""
@@ -265,7 +268,9 @@ class Client(Sending):
         self._answer(call_id, Decision.DENIED, by, reason)
 
     def _answer(self, call_id: str, decision: Decision, by: str | None, text: str | None) -> None:
-        self.dispatcher.send(ops.answer(self.runtime, call_id, decision, by, text))
+        actions = ops.answer(self.runtime, call_id, decision, by, text)
+        with sent_later_if_broker_down(call_id):
+            self.dispatcher.send(actions)
 
     def pending_approvals(
         self,

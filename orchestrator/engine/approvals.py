@@ -22,7 +22,9 @@ before anything is sent:
 
 If what is sent after the commit is lost (the process dies, Redis is down),
 the sweeper finds the segment's ``approved`` call unfinished and sends it
-again; a waiting call is never re-sent (only its answer moves it on). The
+again: an answer given while the broker does not answer is stored and
+returns (:func:`sent_later_if_broker_down`), since repeating it would be a
+``ConflictError``; a waiting call is never re-sent (only its answer moves it on). The
 sweeper also denies calls whose wait passed their deadline
 (:func:`expire`: "no answer in N s"). A stop (cancel, budget) records a
 waiting or approved call ``cancelled`` like any unfinished call.
@@ -35,8 +37,12 @@ from __future__ import annotations
 
 import getpass
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+import redis
+from kombu.exceptions import OperationalError as BrokerError
 from sqlmodel import Session
 
 from orchestrator import registry
@@ -135,6 +141,29 @@ def answer(
     with rt.transaction() as (session, outbox):
         actions = record(session, outbox, call_id, decision, by, note)
     return settle(rt, actions)
+
+
+#: What sending to a broker that does not answer raises (kombu wraps Redis's
+#: connection errors in its OperationalError once its retries are spent).
+BROKER_DOWN = (BrokerError, redis.ConnectionError, redis.TimeoutError)
+
+
+@contextmanager
+def sent_later_if_broker_down(call_id: str) -> Iterator[None]:
+    """Around the send of a stored answer's actions: if the broker does not
+    answer, log it and return. The answer is in Postgres and stands (a
+    second one is a ``ConflictError``), so raising would tell the caller to
+    repeat what cannot be repeated; the sweeper sends the approved call (a
+    denied call's advance) once Redis is back."""
+    try:
+        yield
+    except BROKER_DOWN as exc:
+        log.warning(
+            "the answer to call %s is stored; sending it failed (%s): "
+            "the sweeper sends it once the broker answers",
+            call_id,
+            exc,
+        )
 
 
 def record(
