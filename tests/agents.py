@@ -493,6 +493,20 @@ register_script(
 )
 Agent("budget-lead", scripted_model("budget-lead"), subagents=["priced-child"])
 
+#: Tokens each model call of "metered-walker" reports (10 in, 10 out): a
+#: tokens budget stops it at a known step.
+METERED_TOKENS = 20
+METERED_STEPS = 10  # its model calls when nothing stops it
+register_script(
+    "metered-walker",
+    [
+        Reply(tool_calls=[call("add", a=i, b=1)], input_tokens=10, output_tokens=10)
+        for i in range(METERED_STEPS - 1)
+    ]
+    + [Reply(text="walked the whole way", input_tokens=10, output_tokens=10)],
+)
+Agent("metered-walker", scripted_model("metered-walker"), tools=[add])
+
 
 def _without_tools(ms: list[dict[str, Any]]) -> Reply:
     if "tool-call budget of this job is spent" in ms[0]["content"]:

@@ -6,11 +6,16 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import datetime
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.server.conftest import Server, bearer, job_of_message
+from orchestrator import Client, Settings
+from tests.agents import METERED_TOKENS
+from tests.faults import PrivateRedis
+from tests.server.conftest import Server, bearer, job_of_message, make_token, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -66,6 +71,47 @@ def test_pages_follow_the_cursor_without_gaps_or_repeats(api: httpx.Client) -> N
     for name, value in odd.items():
         error = _error(api.get("/v1/jobs", params={name: value}), 422, "InvalidRequestError")
         assert error["fields"] == [name]
+
+
+def _one_at_a_time(http: httpx.Client, **filters: str) -> list[str]:
+    """The ids of the jobs ``filters`` select, a page of one at a time."""
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {**filters, "limit": "1"} | ({"cursor": cursor} if cursor else {})
+        page = http.get("/v1/jobs", params=params)
+        assert page.status_code == 200, page.text
+        assert len(page.json()["jobs"]) <= 1
+        seen += [j["job_id"] for j in page.json()["jobs"]]
+        cursor = page.json()["next_cursor"]
+        if cursor is None:
+            return seen
+
+
+def test_since_and_until_select_jobs_by_their_start_a_page_at_a_time(
+    server: Server, client: Client
+) -> None:
+    # Given four jobs of a tenant of this test alone, started one after another
+    token = make_token(client, f"window-{uuid.uuid4().hex[:8]}", "submit")
+    with httpx.Client(base_url=server.url, headers=bearer(token), timeout=30) as http:
+        ids = []
+        for i in range(4):
+            ids.append(_submit(http, "quick", f"window {i}")["job_id"])
+            time.sleep(0.05)  # distinct start times
+        listed = http.get("/v1/jobs").json()["jobs"]
+        assert [j["job_id"] for j in listed] == ids[::-1]  # newest first
+        started = {j["job_id"]: datetime.fromisoformat(j["started_at"]) for j in listed}
+        between = started[ids[1]] + (started[ids[2]] - started[ids[1]]) / 2
+        at = {"between": between.isoformat(), "second": started[ids[1]].isoformat()}
+        last = started[ids[3]].isoformat()
+
+        # Then pages of one cover exactly the jobs of each window, newest first:
+        # started at or after `since`, before `until`
+        assert _one_at_a_time(http) == ids[::-1]
+        assert _one_at_a_time(http, since=at["between"]) == [ids[3], ids[2]]
+        assert _one_at_a_time(http, until=at["between"]) == [ids[1], ids[0]]
+        assert _one_at_a_time(http, since=at["second"], until=last) == [ids[2], ids[1]]
+        assert _one_at_a_time(http, since=at["between"], until=at["between"]) == []
 
 
 def test_typed_output_comes_back_as_json(api: httpx.Client) -> None:
@@ -169,6 +215,55 @@ def test_probes_answer_without_a_token(server: object, api: httpx.Client) -> Non
     bare = httpx.Client(base_url=str(api.base_url))
     assert bare.get("/v1/health").json() == {"status": "ok"}
     assert bare.get("/v1/ready").json() == {"postgres": True, "redis": True}
+
+
+def test_readiness_follows_redis_while_liveness_stays(settings: Settings, tmp_path: Path) -> None:
+    # Given a server of its own whose Redis is a private redis-server
+    with PrivateRedis(tmp_path / "redis") as redis_server:
+        mine = settings.model_copy(
+            update={"redis_url": redis_server.url, "redis_prefix": f"ready-{uuid.uuid4().hex[:6]}"}
+        )
+        own = start_server(mine, tmp_path / "server.log")
+        try:
+            with httpx.Client(base_url=own.url, timeout=10) as bare:
+                assert bare.get("/v1/ready").json() == {"postgres": True, "redis": True}
+
+                # When its Redis goes away, readiness says which service is
+                # missing with a 503, and liveness still answers
+                redis_server.kill()
+                down = bare.get("/v1/ready")
+                assert down.status_code == 503, down.text
+                assert down.json() == {"postgres": True, "redis": False}
+                assert bare.get("/v1/health").json() == {"status": "ok"}
+
+                # And once Redis is back, the server is ready again
+                redis_server.start()
+                back = bare.get("/v1/ready")
+                assert back.status_code == 200, back.text
+                assert back.json() == {"postgres": True, "redis": True}
+                assert bare.get("/v1/health").status_code == 200
+        finally:
+            own.proc.terminate()
+            own.proc.wait(15)
+
+
+def test_a_budget_given_over_http_stops_the_job(api: httpx.Client) -> None:
+    # Given an agent whose every model call reports 20 tokens, and which
+    # would walk 10 steps, submitted over HTTP with a 50-token budget
+    budget = 50
+    job = _submit(api, "metered-walker", "walk", budget={"tokens": budget})
+
+    # Then the job fails on its budget, as its status says
+    _error(api.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 30}), 409, "JobFailedError")
+    status = api.get(f"/v1/jobs/{job['job_id']}").json()
+    assert status["status"] == "failed"
+    assert status["error"].startswith("tokens budget exceeded:"), status["error"]
+    # and it spent the budget and at most the one step that started under
+    # it (each step checks the budget before its model call)
+    usage = api.get(f"/v1/jobs/{job['job_id']}/usage").json()["tree_usage"]
+    used = usage["input_tokens"] + usage["output_tokens"]
+    assert budget <= used < budget + METERED_TOKENS
+    assert f"{used} tokens used of {budget}" in status["error"]
 
 
 def test_a_result_wait_ends_as_soon_as_its_job_is_cancelled(

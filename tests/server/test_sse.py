@@ -13,6 +13,8 @@ from orchestrator import Client, Settings
 from orchestrator.errors import AuthenticationError, ChorusError, ServiceUnavailableError
 from orchestrator.server.revocations import Revocations
 from orchestrator.store import token_sql
+from schemas import TurnStatus
+from tests.approval_agents import stored_events
 from tests.server.conftest import job_of_message, sse
 
 pytestmark = pytest.mark.integration
@@ -95,6 +97,43 @@ def test_a_conversation_stream_covers_every_turn_of_its_tree(
     assert seqs == sorted(set(seqs))
     assert set(_stored(client, second)) <= set(zip(seqs, names, strict=True))
     assert set(_stored(client, first["job_id"])) <= set(zip(seqs, names, strict=True))
+
+
+def _ids_and_names(frames: Iterator[dict[str, str]]) -> list[tuple[int, str]]:
+    return [(int(f["id"]), f["event"]) for f in _events(frames) if "id" in f]
+
+
+def test_a_tree_stream_resumed_mid_run_gets_exactly_the_rest(
+    api: httpx.Client, client: Client
+) -> None:
+    # Given a job whose subagents (three, one with a subagent of its own)
+    # run for seconds, its conversation's stream read until the first event
+    # of a subagent's conversation, then dropped
+    job = api.post("/v1/jobs", json={"agent": "lead", "input": "research"}).json()
+    root = job["conversation_id"]
+    url = f"/v1/conversations/{root}/events"
+    before: list[tuple[int, str]] = []
+    with api.stream("GET", url) as answer:
+        for frame in _events(sse(answer.iter_lines())):
+            before.append((int(frame["id"]), frame["event"]))
+            if json.loads(frame["data"])["conversation_id"] != root:
+                break
+    assert client.job(job["job_id"]).status().status is TurnStatus.RUNNING
+
+    # When it reconnects with the last id it saw, and reads to the end
+    resumed = {"Last-Event-ID": str(before[-1][0])}
+    with api.stream("GET", url, headers=resumed) as answer:
+        after = _ids_and_names(sse(answer.iter_lines()))
+
+    # Then the two parts are the whole tree's stream, as a full replay after
+    # the job ended gives it and as it is stored: none twice, none missing
+    with api.stream("GET", url) as answer:
+        replay = _ids_and_names(sse(answer.iter_lines()))
+    assert before + after == replay
+    stored = stored_events(client, client.job(job["job_id"]))
+    assert replay == [(e.seq, e.name.value) for e in stored]
+    assert len({e.conversation_id for e in stored}) == 5  # the root and four subagents
+    assert (stored[-1].conversation_id, stored[-1].name.value) == (root, "turn.completed")
 
 
 def test_a_bad_last_event_id_is_refused(api: httpx.Client) -> None:
