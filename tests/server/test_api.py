@@ -81,8 +81,9 @@ def _one_at_a_time(http: httpx.Client, **filters: str) -> list[str]:
         params = {**filters, "limit": "1"} | ({"cursor": cursor} if cursor else {})
         page = http.get("/v1/jobs", params=params)
         assert page.status_code == 200, page.text
-        assert len(page.json()["jobs"]) <= 1
-        seen += [j["job_id"] for j in page.json()["jobs"]]
+        jobs = [j["job_id"] for j in page.json()["jobs"]]
+        assert len(jobs) <= 1 and not set(jobs) & set(seen), (jobs, seen)
+        seen += jobs
         cursor = page.json()["next_cursor"]
         if cursor is None:
             return seen
