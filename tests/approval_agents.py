@@ -127,3 +127,36 @@ register_script(
     "cancel-desk", [Reply.call(call("cancel_booking", booking="BK-7")), echo_results] * 20
 )
 Agent("cancel-desk", scripted_model("cancel-desk"), tools=[cancel_booking])
+
+# book_flight waits beside a subagent whose second step finds a 30-token
+# budget spent (every model call here reports 20 tokens): the stop comes
+# from the subagent's step while the parent's call waits
+register_script(
+    "slow-spender",
+    [
+        Reply(
+            tool_calls=[call("lookup_city", city="Porto", seconds=1.5)],
+            input_tokens=10,
+            output_tokens=10,
+        ),
+        Reply(text="spent", input_tokens=10, output_tokens=10),
+    ],
+)
+Agent("slow-spender", scripted_model("slow-spender"), tools=[lookup_city])
+register_script(
+    "guarded-lead",
+    [
+        Reply(
+            tool_calls=[
+                call("book_flight", flight="GRD-1"),
+                call("subagent__slow-spender", task="spend"),
+            ],
+            input_tokens=10,
+            output_tokens=10,
+        ),
+        echo_results,
+    ],
+)
+Agent(
+    "guarded-lead", scripted_model("guarded-lead"), tools=[book_flight], subagents=["slow-spender"]
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,9 +30,12 @@ def _as(server: Server, token: str) -> httpx.Client:
     return httpx.Client(base_url=server.url, headers=bearer(token), timeout=30)
 
 
-def _waiting(api: httpx.Client, text: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A travel-desk job submitted over HTTP, and its call once it waits."""
-    job = api.post("/v1/jobs", json={"agent": "travel-desk", "input": text}).json()
+def _waiting(
+    api: httpx.Client, text: str, agent: str = "travel-desk", **extra: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A job submitted over HTTP (``extra``: more of the submit's body), and
+    its one call once it waits."""
+    job = api.post("/v1/jobs", json={"agent": agent, "input": text, **extra}).json()
     deadline = time.monotonic() + 30
     while True:
         found = api.get("/v1/approvals", params={"conversation_id": job["conversation_id"]})
@@ -120,3 +124,41 @@ def test_a_denial_needs_a_reason_and_the_model_gets_it(api: httpx.Client) -> Non
     assert denied.json()["decision"] == "denied", denied.text
     result = api.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 30})
     assert "was not run: denied: not today" in result.json()["output"]
+
+
+def test_a_budget_spent_by_a_subagent_ends_a_waiting_call(
+    api: httpx.Client, client: Client, tmp_path: Path
+) -> None:
+    # Given a job (30-token budget) whose book_flight call waits for a person
+    # beside a subagent that works on: every model call reports 20 tokens
+    mark = tmp_path / "mark"
+    job, call = _waiting(
+        api,
+        "book and spend",
+        agent="guarded-lead",
+        budget={"tokens": 30},
+        context_data={"mark": str(mark)},
+    )
+    assert (call["tool"], call["arguments"]) == ("book_flight", {"flight": "GRD-1"})
+
+    # When the subagent's next step finds the tree's budget spent
+    _error(api.get(f"/v1/jobs/{job['job_id']}/result", params={"wait": 30}), 409, "JobFailedError")
+
+    # Then the job ended on its budget, the waiting call with tool.cancelled
+    status = api.get(f"/v1/jobs/{job['job_id']}").json()
+    assert status["status"] == "failed"
+    assert status["error"].startswith("tokens budget exceeded:"), status["error"]
+    events = stored_events(client, client.job(job["job_id"]))
+    [cancelled] = [e for e in events if e.name is EventName.TOOL_CANCELLED]
+    assert (cancelled.conversation_id, cancelled.data["tool"]) == (
+        job["conversation_id"],
+        "book_flight",
+    )
+    assert [e.name for e in events].count(EventName.BUDGET_EXCEEDED) == 1
+    listed = api.get("/v1/approvals", params={"conversation_id": job["conversation_id"]})
+    assert listed.json() == []
+    # and a late approval is a conflict that runs nothing
+    late = api.post(f"/v1/approvals/{call['call_id']}", json={"decision": "approve"})
+    _error(late, 409, "ConflictError")
+    time.sleep(0.5)
+    assert mark.read_text().splitlines() == ["lookup_city Porto"]
