@@ -214,6 +214,8 @@ def test_a_json_schema_tool_that_needs_approval_waits_then_runs(
     assert (waiting.tool, waiting.arguments) == ("cancel_booking", {"booking": "BK-7"})
     time.sleep(0.5)
     assert _runs(mark) == [] and job.status().status is TurnStatus.RUNNING
+    [asked] = stored_events(client, job, EventName.TOOL_APPROVAL_REQUESTED)
+    assert asked.data["tool"] == "cancel_booking"
     # When it is approved, it runs once and the model gets its result
     client.approve(waiting.call_id, by="carol")
     assert "cancelled BK-7" in job.result(timeout=60)
