@@ -102,3 +102,14 @@ register_script(
     "hostile-desk", [Reply.call(call("book_flight", flight=HOSTILE_FLIGHT)), echo_results] * 20
 )
 Agent("hostile-desk", scripted_model("hostile-desk"), tools=[book_flight])
+
+# a budget spent as it runs: two priced subagents, then a call that waits for a person
+register_script(
+    "dash-budget",
+    [
+        Reply.call(*(call("subagent__priced-child", task=f"c{i}") for i in range(2))),
+        Reply.call(call("book_flight", flight="BUD-1")),
+        echo_results,
+    ],
+)
+Agent("dash-budget", scripted_model("dash-budget"), tools=[book_flight], subagents=["priced-child"])

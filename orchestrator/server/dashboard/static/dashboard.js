@@ -278,15 +278,34 @@
     } catch (error) { say("Answer failed: " + error.message); button.disabled = false; }
   });
 
+  // Send a message. The API answers before the turn it starts is stored
+  // (job_id null, even for an idle conversation): the page asks for the
+  // message's job until there is one, 250 ms doubling up to 2 s apart.
   const send = document.getElementById("send");
+  const QUEUE_POLLS = 300;
+  function pause(ms) { return new Promise(function (done) { setTimeout(done, ms); }); }
+  async function started(conversation, entry) {
+    const url = conversation + "/queue/" + encodeURIComponent(entry);
+    for (let n = 0, wait = 250; n < QUEUE_POLLS; n += 1, wait = Math.min(wait * 2, 2000)) {
+      await pause(wait);
+      const found = await call("GET", url).catch(function () { return null; });
+      if (found && found.job_id) return found.job_id;
+    }
+    return null;
+  }
   if (send) send.addEventListener("submit", async function (e) {
     e.preventDefault();
     const input = document.getElementById("message");
-    const url = "/v1/conversations/" + encodeURIComponent(send.dataset.conversation) + "/messages";
+    const conversation = "/v1/conversations/" + encodeURIComponent(send.dataset.conversation);
+    let sent;
     try {
-      const sent = await call("POST", url, { text: input.value });
-      input.value = "";
-      say(sent.job_id ? "Sent: it started job " + sent.job_id + "." : "Sent: queued until the running turn ends.");
-    } catch (error) { say("Send failed: " + error.message); }
+      sent = await call("POST", conversation + "/messages", { text: input.value });
+    } catch (error) { say("Send failed: " + error.message); return; }
+    input.value = "";
+    if (!sent.job_id) {
+      say("Sent: queued; a turn starts on it when the conversation is free.");
+      sent.job_id = await started(conversation, sent.entry_id);
+    }
+    if (sent.job_id) say("Sent: it started job " + sent.job_id + ".");
   });
 })();
