@@ -346,6 +346,48 @@ def _focus_shows(page: Page) -> bool:
     return bool(style not in ("none", ""))
 
 
+#: WCAG's least contrast of normal text (level AA).
+LEAST_CONTRAST = 4.5
+#: Every shown element with text of its own, and the WCAG contrast of its
+#: text's colour against the first opaque background behind it.
+CONTRAST = """
+() => {
+  const rgba = c => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = v => (v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const behind = el => {
+    for (; el; el = el.parentElement) {
+      const c = rgba(getComputedStyle(el).backgroundColor);
+      if (c.length === 3 || c[3] > 0.5) return c;
+    }
+    return [255, 255, 255];
+  };
+  const found = new Map();
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    const el = n.parentElement;
+    if (!n.textContent.trim() || found.has(el) || !el.getClientRects().length) continue;
+    const style = getComputedStyle(el);
+    if (style.visibility === "hidden") continue;
+    const [a, b] = [lum(rgba(style.color)), lum(behind(el))];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    const text = n.textContent.trim().slice(0, 30);
+    found.set(el, [el.tagName + "." + el.className + " " + text, ratio]);
+  }
+  return [...found.values()];
+}
+"""
+
+
+def _low_contrast(page: Page) -> list[tuple[str, float]]:
+    """The texts of the page whose contrast is below :data:`LEAST_CONTRAST`."""
+    found = page.evaluate(CONTRAST)
+    assert len(found) > 10, found  # the page's texts were read
+    return [(text, round(ratio, 2)) for text, ratio in found if ratio < LEAST_CONTRAST]
+
+
 def test_the_main_actions_are_reached_by_tab_and_taken_with_enter_and_inputs_are_labelled(
     api: httpx.Client, logged_in: LoggedIn, tokens: dict[str, str]
 ) -> None:
@@ -361,6 +403,7 @@ def test_the_main_actions_are_reached_by_tab_and_taken_with_enter_and_inputs_are
         for label in ("Status", "Agent", "Started from (UTC)", "until", "Input contains"):
             expect(form.get_by_label(label, exact=True)).to_have_count(1)
         assert _unnamed(page) == []
+        assert _low_contrast(page) == []  # and every text stands out from its background
 
         # and the list is filtered by keyboard, the focus drawn on each control
         tab_to(page, 'input[name="text"]')
@@ -376,6 +419,7 @@ def test_the_main_actions_are_reached_by_tab_and_taken_with_enter_and_inputs_are
         page.wait_for_url(f"**/dashboard/jobs/{asks}")
         expect(page.locator("li.approval")).to_contain_text("LIS-123", timeout=30000)
         assert _unnamed(page) == []
+        assert _low_contrast(page) == []
         tab_to(page, "li.approval button[data-approve]")
         assert _focus_shows(page)
         page.keyboard.press("Enter")
