@@ -340,6 +340,11 @@ def _unnamed(page: Page) -> list[str]:
     return [line for line in snapshot.splitlines() if re.search(controls, line)]
 
 
+#: Resolves once the jobs list's rows were next refreshed (every 2 s).
+AFTER_REFRESH = """() => new Promise(done =>
+  document.getElementById("job-rows").addEventListener("htmx:afterSettle", done, {once: true}))"""
+
+
 def _focus_shows(page: Page) -> bool:
     """The element that has the focus is drawn with an outline."""
     style = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
@@ -415,6 +420,8 @@ def test_the_main_actions_are_reached_by_tab_and_taken_with_enter_and_inputs_are
         # and a job's page is opened by keyboard: the call waiting there is
         # approved by Tab and Enter
         tab_to(page, f'tr[data-job="{asks}"] a')
+        page.evaluate(AFTER_REFRESH)  # the list's refresh keeps the focus where it was
+        assert page.evaluate("document.activeElement.closest('tr')?.dataset.job") == asks
         page.keyboard.press("Enter")
         page.wait_for_url(f"**/dashboard/jobs/{asks}")
         expect(page.locator("li.approval")).to_contain_text("LIS-123", timeout=30000)
@@ -437,3 +444,49 @@ def test_the_main_actions_are_reached_by_tab_and_taken_with_enter_and_inputs_are
     finally:
         api.post(f"/v1/jobs/{waits}/cancel")
         api.post(f"/v1/jobs/{asks}/cancel")
+
+
+#: Sets ``window.redrawn``: a promise resolved once the job page's view is
+#: next redrawn.
+NEXT_REDRAW = """() => { window.redrawn = new Promise(done => new MutationObserver((_, seen) => {
+  seen.disconnect(); done(true);
+}).observe(document.getElementById("view"), {childList: true})); }"""
+
+
+def test_a_redraw_keeps_the_reason_being_typed_and_the_focus(
+    api: httpx.Client, logged_in: LoggedIn, tokens: dict[str, str]
+) -> None:
+    # Given a job page where a person types why a call is denied
+    job_id = submit(api, "travel-desk", "keep my words")
+    conversation = api.get(f"/v1/jobs/{job_id}").json()["conversation_id"]
+    try:
+        page = logged_in(tokens["acme"])
+        page.goto(f"/dashboard/jobs/{job_id}")
+        expect(page.locator("li.approval")).to_contain_text("LIS-123", timeout=30000)
+        expect(page.locator(".lane[data-tool='lookup_city']")).to_have_attribute(
+            "data-status", "completed", timeout=30000
+        )  # the job's last event until the answer: no redraw comes meanwhile
+        tab_to(page, "li.approval input")
+        page.keyboard.type("not on a Friday")
+
+        # When an event of the job redraws the page (a message queued to it)
+        page.evaluate(NEXT_REDRAW)
+        sent = api.post(f"/v1/conversations/{conversation}/messages", json={"text": "later"})
+        assert sent.status_code == 202, sent.text
+        assert page.evaluate("window.redrawn") is True
+        expect(page.locator("#events li", has_text="message.queued")).to_have_count(1)
+
+        # Then what was typed is still there, and the keyboard still in it
+        reason = page.locator("li.approval input")
+        expect(reason).to_have_value("not on a Friday")
+        expect(reason).to_be_focused()
+        tab_to(page, "li.approval button[data-deny]")
+        page.keyboard.press("Enter")
+        expect(page.locator("#action-result")).to_have_text("Denied by dash-acme.")
+        assert api.delete(f"/v1/conversations/{conversation}/queue").json()["cleared"] == 1
+        expect(page.locator("#job-status")).to_have_text("completed", timeout=30000)
+        answer = api.get(f"/v1/jobs/{job_id}/result").json()["output"]
+        assert "denied: not on a Friday" in answer
+    finally:
+        api.post(f"/v1/jobs/{job_id}/cancel")
+        api.delete(f"/v1/conversations/{conversation}/queue")
