@@ -44,8 +44,8 @@ def _filter(page: Page, **fields: str) -> None:
             field.select_option(value)
         else:
             field.fill(value)
-    form.get_by_role("button", name="Filter").click()
-    page.wait_for_load_state()
+    with page.expect_navigation():
+        form.get_by_role("button", name="Filter").click()
 
 
 def _waiting_call(api: httpx.Client, job_id: str, timeout: float = 30.0) -> str:
