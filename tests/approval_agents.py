@@ -160,3 +160,14 @@ register_script(
 Agent(
     "guarded-lead", scripted_model("guarded-lead"), tools=[book_flight], subagents=["slow-spender"]
 )
+
+# a budget spent as it runs: two priced subagents, then a call that waits for a person
+register_script(
+    "dash-budget",
+    [
+        Reply.call(*(call("subagent__priced-child", task=f"c{i}") for i in range(2))),
+        Reply.call(call("book_flight", flight="BUD-1")),
+        echo_results,
+    ],
+)
+Agent("dash-budget", scripted_model("dash-budget"), tools=[book_flight], subagents=["priced-child"])

@@ -29,6 +29,7 @@ from xdist.scheduler import LoadScopeScheduling
 SHARED_MODULES = frozenset(
     {
         "tests/dashboard/test_browser.py",  # browser: one Chromium
+        "tests/dashboard/test_features.py",  # browser: one Chromium
         "tests/integration/test_event_streams.py",  # short_lived: a worker with short streams
         "tests/integration/test_mcp_toolsets.py",  # mcp_fleet: two workers with MCP servers
         "tests/integration/test_model_lease.py",  # short_lease: a fleet with a short lease

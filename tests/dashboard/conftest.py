@@ -5,12 +5,13 @@ on the shared test fleet."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, ViewportSize, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize, sync_playwright
 
 from orchestrator import Client
 from tests.server.conftest import Server, bearer, make_token
@@ -23,6 +24,25 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
 ]
+
+
+def submit(api: httpx.Client, agent: str, text: str, **body: Any) -> str:
+    """Submit a job of ``agent`` over HTTP (``body``: more of the request,
+    e.g. ``budget``); its id."""
+    answer = api.post("/v1/jobs", json={"agent": agent, "input": text, **body})
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["job_id"])
+
+
+def finished(api: httpx.Client, job_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The job's status once it no longer runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found: dict[str, Any] = api.get(f"/v1/jobs/{job_id}").json()
+        if found["status"] != "running":
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} still runs after {timeout} s")
 
 
 @pytest.fixture(scope="module")
@@ -53,27 +73,54 @@ def api(server: Server, tokens: dict[str, str]) -> Iterator[httpx.Client]:
         yield h
 
 
-class LoggedIn(Protocol):
-    def __call__(self, token: str, url: str | None = None) -> Page: ...
+#: How many Tab presses :func:`tab_to` tries before it gives up.
+MOST_TABS = 60
+
+
+def tab_to(page: Page, selector: str) -> None:
+    """Press Tab until the element ``selector`` has the focus (as a person
+    with a keyboard reaches it): fails if it is never reached."""
+    for _ in range(MOST_TABS):
+        page.keyboard.press("Tab")
+        if page.evaluate("s => document.activeElement === document.querySelector(s)", selector):
+            return
+    raise AssertionError(f"{selector} is not reached by Tab")
+
+
+class LoggedIn:
+    """Logs in: a page of a fresh browser context, logged in with the token
+    given (at ``url``: the server's, unless another reaches it), by mouse or
+    by keyboard alone. ``urls``: every URL any of its pages asked for."""
+
+    def __init__(self, browser: Browser, server: Server) -> None:
+        self.browser, self.server = browser, server
+        self.urls: list[str] = []
+        self.contexts: list[BrowserContext] = []
+
+    def __call__(self, token: str, url: str | None = None, keyboard: bool = False) -> Page:
+        viewport: ViewportSize = {"width": 1440, "height": 900}
+        context = self.browser.new_context(base_url=url or self.server.url, viewport=viewport)
+        self.contexts.append(context)
+        context.on("request", lambda request: self.urls.append(request.url))
+        page = context.new_page()
+        page.goto("/dashboard/login")
+        if keyboard:
+            tab_to(page, "#token")
+            page.keyboard.type(token)
+            page.keyboard.press("Enter")
+        else:
+            page.get_by_label("API token").fill(token)
+            page.get_by_role("button", name="Log in").click()
+        page.wait_for_url("**/dashboard/jobs")
+        return page
+
+    def close(self) -> None:
+        for context in self.contexts:
+            context.close()
 
 
 @pytest.fixture
 def logged_in(browser: Browser, server: Server) -> Iterator[LoggedIn]:
-    """A page of a fresh browser context, logged in with the token given
-    (at ``url``: the server's, unless another reaches it)."""
-    contexts = []
-
-    def login(token: str, url: str | None = None) -> Page:
-        viewport: ViewportSize = {"width": 1440, "height": 900}
-        context = browser.new_context(base_url=url or server.url, viewport=viewport)
-        contexts.append(context)
-        page = context.new_page()
-        page.goto("/dashboard/login")
-        page.get_by_label("API token").fill(token)
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url("**/dashboard/jobs")
-        return page
-
+    login = LoggedIn(browser, server)
     yield login
-    for context in contexts:
-        context.close()
+    login.close()

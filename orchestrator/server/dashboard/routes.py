@@ -30,6 +30,8 @@ STATIC = {
 }
 #: Filters of the jobs list, passed to ``GET /v1/runs`` as they are.
 FILTERS = ("status", "agent", "tenant", "since", "until", "text", "cursor")
+#: Jobs a page of the jobs list shows.
+JOBS_PAGE = 25
 #: Events listed on a job page (the newest).
 EVENT_LOG = 200
 #: Steps of a long conversation drawn unless all are asked for: its first
@@ -118,7 +120,7 @@ async def _runs(request: Request, token: str) -> tuple[dict[str, Any], dict[str,
             filters[key] += ":00+00:00"
     async with Api(request, token) as api:
         me = await api.get("/v1/me")
-        return me, await api.get("/v1/runs", limit=25, **filters)
+        return me, await api.get("/v1/runs", limit=JOBS_PAGE, **filters)
 
 
 @router.get("/jobs", response_class=HTMLResponse)

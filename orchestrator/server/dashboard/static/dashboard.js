@@ -61,7 +61,10 @@
       const url = "/dashboard/jobs/" + encodeURIComponent(id) + "/view" + window.location.search;
       const answer = await fetch(url, { credentials: "same-origin", cache: "no-store" });
       if (answer.ok) {
-        view.innerHTML = await answer.text();
+        const html = await answer.text();
+        const kept = keep();
+        view.innerHTML = html;
+        restore(kept);
         landed = true;
       } else if (answer.status >= 400 && answer.status < 500 && [408, 429].indexOf(answer.status) < 0) {
         refused = answer.status;  // e.g. logged out: asking again would not help
@@ -86,6 +89,39 @@
     if (loggedOut) return;
     if (ended) settle();
     if (wanted) refresh();
+  }
+
+  // What a redraw must not take from a person: the reasons to deny typed
+  // so far, and the focus (and the caret) on a control of the view.
+  function keyOf(el) {
+    for (const name of ["data-approve", "data-deny", "data-reason-for"]) {
+      if (el.hasAttribute(name)) return "[" + name + '="' + CSS.escape(el.getAttribute(name)) + '"]';
+    }
+    const node = el.closest("li.node[data-conversation]");
+    if (node && el.matches("a")) {
+      return 'li.node[data-conversation="' + CSS.escape(node.dataset.conversation) + '"] > a';
+    }
+    return null;
+  }
+  function keep() {
+    const typed = [];
+    view.querySelectorAll("input[data-reason-for]").forEach(function (input) {
+      if (input.value) typed.push([keyOf(input), input.value]);
+    });
+    const active = document.activeElement;
+    const focus = active && view.contains(active) ? keyOf(active) : null;
+    const caret = focus && active.matches("input") ? [active.selectionStart, active.selectionEnd] : null;
+    return { typed: typed, focus: focus, caret: caret };
+  }
+  function restore(kept) {
+    kept.typed.forEach(function (entry) {
+      const input = view.querySelector(entry[0]);
+      if (input) input.value = entry[1];
+    });
+    const found = kept.focus ? view.querySelector(kept.focus) : null;
+    if (!found) return;
+    found.focus({ preventScroll: true });
+    if (kept.caret) found.setSelectionRange(kept.caret[0], kept.caret[1]);
   }
 
   // Once the stream ended after the job's turn, the page says so in the
@@ -278,15 +314,34 @@
     } catch (error) { say("Answer failed: " + error.message); button.disabled = false; }
   });
 
+  // Send a message. The API answers before the turn it starts is stored
+  // (job_id null, even for an idle conversation): the page asks for the
+  // message's job until there is one, 250 ms doubling up to 2 s apart.
   const send = document.getElementById("send");
+  const QUEUE_POLLS = 300;
+  function pause(ms) { return new Promise(function (done) { setTimeout(done, ms); }); }
+  async function started(conversation, entry) {
+    const url = conversation + "/queue/" + encodeURIComponent(entry);
+    for (let n = 0, wait = 250; n < QUEUE_POLLS; n += 1, wait = Math.min(wait * 2, 2000)) {
+      await pause(wait);
+      const found = await call("GET", url).catch(function () { return null; });
+      if (found && found.job_id) return found.job_id;
+    }
+    return null;
+  }
   if (send) send.addEventListener("submit", async function (e) {
     e.preventDefault();
     const input = document.getElementById("message");
-    const url = "/v1/conversations/" + encodeURIComponent(send.dataset.conversation) + "/messages";
+    const conversation = "/v1/conversations/" + encodeURIComponent(send.dataset.conversation);
+    let sent;
     try {
-      const sent = await call("POST", url, { text: input.value });
-      input.value = "";
-      say(sent.job_id ? "Sent: it started job " + sent.job_id + "." : "Sent: queued until the running turn ends.");
-    } catch (error) { say("Send failed: " + error.message); }
+      sent = await call("POST", conversation + "/messages", { text: input.value });
+    } catch (error) { say("Send failed: " + error.message); return; }
+    input.value = "";
+    if (!sent.job_id) {
+      say("Sent: queued; a turn starts on it when the conversation is free.");
+      sent.job_id = await started(conversation, sent.entry_id);
+    }
+    if (sent.job_id) say("Sent: it started job " + sent.job_id + ".");
   });
 })();
