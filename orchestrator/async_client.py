@@ -301,23 +301,24 @@ class AsyncClient(Sending):
 
     async def approve(
         self, call_id: str, *, note: str | None = None, by: str | None = None
-    ) -> None:
+    ) -> bool:
         """Approve a tool call waiting for a person's answer: as
         :meth:`Client.approve <orchestrator.client.Client.approve>` (a second
         answer raises :class:`~orchestrator.errors.ConflictError`)."""
-        await self._answer(call_id, Decision.APPROVED, by, note)
+        return await self._answer(call_id, Decision.APPROVED, by, note)
 
-    async def deny(self, call_id: str, *, reason: str, by: str | None = None) -> None:
+    async def deny(self, call_id: str, *, reason: str, by: str | None = None) -> bool:
         """Deny a tool call waiting for a person's answer: as
         :meth:`Client.deny <orchestrator.client.Client.deny>`."""
-        await self._answer(call_id, Decision.DENIED, by, reason)
+        return await self._answer(call_id, Decision.DENIED, by, reason)
 
     async def _answer(
         self, call_id: str, decision: Decision, by: str | None, text: str | None
-    ) -> None:
+    ) -> bool:
         actions = await self._run(ops.answer, self.runtime, call_id, decision, by, text)
-        with sent_later_if_broker_down(call_id):
+        with sent_later_if_broker_down(call_id) as delivery:
             await self._send(actions)
+        return delivery.sent
 
     async def pending_approvals(
         self,

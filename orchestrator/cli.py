@@ -497,8 +497,7 @@ def approve(
 ) -> None:
     """Approve a tool call waiting for an answer: it runs and its turn goes on."""
     with _answering("approved", call_id):
-        _reader().approve(call_id, note=note, by=by)
-    console.print(f"approved {call_id}")
+        _answered("approved", call_id, _reader().approve(call_id, note=note, by=by))
 
 
 @app.command()
@@ -509,8 +508,20 @@ def deny(
 ) -> None:
     """Deny a tool call waiting for an answer: the model gets an error with the reason."""
     with _answering("denied", call_id):
-        _reader().deny(call_id, reason=reason, by=by)
-    console.print(f"denied {call_id}")
+        _answered("denied", call_id, _reader().deny(call_id, reason=reason, by=by))
+
+
+def _answered(decision: str, call_id: str, sent: bool) -> None:
+    """The answer's line: sent, or stored while Redis did not take its call
+    (one line saying the answer stands, exit status 1, as :func:`_answering`)."""
+    if sent:
+        console.print(f"{decision} {call_id}")
+        return
+    errors.print(
+        f"chorus: {decision} {call_id} (stored), but Redis does not answer; "
+        "the sweeper sends it on once Redis answers"
+    )
+    sys.exit(UNREACHABLE)
 
 
 @contextlib.contextmanager

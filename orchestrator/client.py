@@ -249,28 +249,30 @@ class Client(Sending):
         be in this conversation's tree (its root, or any subagent of it)."""
         return ops.tool_output(self.runtime, conversation_id, handle)
 
-    def approve(self, call_id: str, *, note: str | None = None, by: str | None = None) -> None:
+    def approve(self, call_id: str, *, note: str | None = None, by: str | None = None) -> bool:
         """Approve a tool call waiting for a person's answer: it runs, and its
         turn goes on. ``by`` names who answered in ``tool.approved`` (default:
         this process's user). The answer is stored in Postgres before the
         call is sent (the sweeper re-sends it if this process dies); if
-        Redis does not answer, the answer still stands and this returns:
-        the sweeper sends the call once Redis is back. Raises
+        Redis does not answer, the answer still stands and this returns
+        False (True: sent now): the sweeper sends the call once Redis is
+        back. Raises
         :class:`~orchestrator.errors.ApprovalNotFound` for an unknown call
         and :class:`~orchestrator.errors.ConflictError` for one already
         answered (the first answer stands) or no longer waiting."""
-        self._answer(call_id, Decision.APPROVED, by, note)
+        return self._answer(call_id, Decision.APPROVED, by, note)
 
-    def deny(self, call_id: str, *, reason: str, by: str | None = None) -> None:
+    def deny(self, call_id: str, *, reason: str, by: str | None = None) -> bool:
         """Deny a tool call waiting for a person's answer: it never runs, and
         the model gets an error result with ``reason`` (``tool.denied``).
         Raises as :meth:`approve`."""
-        self._answer(call_id, Decision.DENIED, by, reason)
+        return self._answer(call_id, Decision.DENIED, by, reason)
 
-    def _answer(self, call_id: str, decision: Decision, by: str | None, text: str | None) -> None:
+    def _answer(self, call_id: str, decision: Decision, by: str | None, text: str | None) -> bool:
         actions = ops.answer(self.runtime, call_id, decision, by, text)
-        with sent_later_if_broker_down(call_id):
+        with sent_later_if_broker_down(call_id) as delivery:
             self.dispatcher.send(actions)
+        return delivery.sent
 
     def pending_approvals(
         self,

@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import getpass
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import redis
-from kombu.exceptions import OperationalError as BrokerError
 from sqlmodel import Session
 
 from orchestrator import registry
@@ -143,21 +144,37 @@ def answer(
     return settle(rt, actions)
 
 
-#: What sending to a broker that does not answer raises (kombu wraps Redis's
-#: connection errors in its OperationalError once its retries are spent).
-BROKER_DOWN = (BrokerError, redis.ConnectionError, redis.TimeoutError)
+def broker_down(exc: BaseException) -> bool:
+    """Is ``exc`` what sending to a broker that does not answer raises?
+    (kombu wraps Redis's connection errors in its OperationalError once its
+    retries are spent; kombu is looked for only if a send loaded it.)"""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return True
+    kombu_errors = sys.modules.get("kombu.exceptions")
+    return kombu_errors is not None and isinstance(exc, kombu_errors.OperationalError)
+
+
+@dataclass
+class Delivery:
+    """Whether a stored answer's actions reached the broker."""
+
+    sent: bool = True
 
 
 @contextmanager
-def sent_later_if_broker_down(call_id: str) -> Iterator[None]:
+def sent_later_if_broker_down(call_id: str) -> Iterator[Delivery]:
     """Around the send of a stored answer's actions: if the broker does not
-    answer, log it and return. The answer is in Postgres and stands (a
-    second one is a ``ConflictError``), so raising would tell the caller to
-    repeat what cannot be repeated; the sweeper sends the approved call (a
-    denied call's advance) once Redis is back."""
+    answer, log it and mark the delivery unsent. The answer is in Postgres
+    and stands (a second one is a ``ConflictError``), so raising would tell
+    the caller to repeat what cannot be repeated; the sweeper sends the
+    approved call (a denied call's advance) once Redis is back."""
+    delivery = Delivery()
     try:
-        yield
-    except BROKER_DOWN as exc:
+        yield delivery
+    except Exception as exc:
+        if not broker_down(exc):
+            raise
+        delivery.sent = False
         log.warning(
             "the answer to call %s is stored; sending it failed (%s): "
             "the sweeper sends it once the broker answers",

@@ -74,9 +74,9 @@ def test_a_waiting_call_holds_no_worker_slot(services: Services, tmp_path: Path)
         _booked_once(client, waiting, mark)
 
 
-async def _approve_async(settings: Settings, call_id: str, by: str) -> None:
+async def _approve_async(settings: Settings, call_id: str, by: str) -> bool:
     async with AsyncClient(settings) as client:
-        await client.approve(call_id, by=by)
+        return await client.approve(call_id, by=by)
 
 
 @pytest.mark.long
@@ -99,16 +99,16 @@ def test_waiting_calls_survive_redis_and_their_worker_killed(
         redis_server.kill()
         fleet.kill("all")
         # and two calls are approved while Redis is down (Client, AsyncClient):
-        # each answer is stored in Postgres and approve returns (the sweeper
-        # sends the call later); it stands
-        client.approve(during_call, by="alice")
-        asyncio.run(_approve_async(settings, async_call, "dave"))
+        # each answer is stored in Postgres and approve returns False: not
+        # sent now (the sweeper sends the call later); it stands
+        assert client.approve(during_call, by="alice") is False
+        assert asyncio.run(_approve_async(settings, async_call, "dave")) is False
         with pytest.raises(ConflictError, match="already approved by 'alice'"):
             client.approve(during_call, by="bob")
         # and Redis comes back, and the other call is approved then
         redis_server.start()
         fleet.wait_ready()
-        client.approve(later_call, by="carol")
+        assert client.approve(later_call, by="carol") is True
 
         # Then every job completes, each booking run once
         for (job, _), mark in zip(bookings, marks, strict=True):
