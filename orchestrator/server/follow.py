@@ -7,8 +7,9 @@ exhaust) and hands each event to the event loop.
 
 A follower whose client disconnects stops its thread at the next event it
 would have sent, or at the follow's next quiet period (at most
-``QUIET_POLL_MAX`` seconds). At most ``settings.max_event_streams`` follower
-threads run at once: a stream asked for beyond that is refused with 503.
+``QUIET_POLL_MAX`` seconds). At most ``settings.max_event_streams`` streams
+hold a place at once, each from its admission until its follower thread
+ends: a stream asked for beyond that is refused with 503.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from sqlmodel import col, select
@@ -41,33 +43,69 @@ class _End:
 
 
 class _Open:
-    """How many follower threads run now."""
+    """How many event streams hold a place now: each from the moment it is
+    admitted (its request answered 200) until its follower thread ends."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.count = 0
 
-    def admit(self, limit: int) -> None:
-        """Raise :class:`ServiceUnavailableError` (503) when ``limit`` run."""
-        if self.count >= limit:
-            raise ServiceUnavailableError(
-                f"{limit} event streams are open (CHORUS_MAX_EVENT_STREAMS); retry later"
-            )
-
-    def __enter__(self) -> None:
+    def admit(self, limit: int) -> _Place:
+        """A place for one more stream; :class:`ServiceUnavailableError`
+        (503) when ``limit`` hold one. Checked and taken at once: streams
+        asked for together cannot all pass a check of a count that only
+        their threads, started later, would raise."""
         with self._lock:
+            if self.count >= limit:
+                raise ServiceUnavailableError(
+                    f"{limit} event streams are open (CHORUS_MAX_EVENT_STREAMS); retry later"
+                )
             self.count += 1
+        return _Place(self)
 
-    def __exit__(self, *exc: object) -> None:
+    def _leave(self) -> None:
         with self._lock:
             self.count -= 1
 
 
-#: This process's follower threads.
+class _Place:
+    """An admitted stream's place, given back once (:meth:`leave`): by its
+    follower thread when it ends, or, if the stream never started its
+    thread (the client left before the first byte), when it is dropped."""
+
+    def __init__(self, open_: _Open) -> None:
+        self._open = open_
+        self._lock = threading.Lock()
+        self._held = True
+        self.started = False
+
+    def leave(self) -> None:
+        with self._lock:
+            held, self._held = self._held, False
+        if held:
+            self._open._leave()
+
+    def leave_unless_started(self) -> None:
+        if not self.started:
+            self.leave()
+
+
+#: This process's event streams.
 OPEN = _Open()
 
 
-async def _threaded(events: Callable[[threading.Event], Iterator[Event]]) -> AsyncIterator[Event]:
+def _admitted(
+    limit: int, events: Callable[[threading.Event], Iterator[Event]]
+) -> AsyncIterator[Event]:
+    place = OPEN.admit(limit)
+    stream = _threaded(events, place)
+    weakref.finalize(stream, place.leave_unless_started)
+    return stream
+
+
+async def _threaded(
+    events: Callable[[threading.Event], Iterator[Event]], place: _Place
+) -> AsyncIterator[Event]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event | _End] = asyncio.Queue()
     stop = threading.Event()
@@ -79,18 +117,24 @@ async def _threaded(events: Callable[[threading.Event], Iterator[Event]]) -> Asy
             stop.set()
 
     def run() -> None:
-        with OPEN:
-            try:
-                for event in events(stop):
-                    put(event)
-                    if stop.is_set():
-                        return
-            except BaseException as exc:
-                put(_End(exc))
-            else:
-                put(_End())
+        try:
+            for event in events(stop):
+                put(event)
+                if stop.is_set():
+                    return
+        except BaseException as exc:
+            put(_End(exc))
+        else:
+            put(_End())
+        finally:
+            place.leave()
 
-    threading.Thread(target=run, name="chorus-sse-follower", daemon=True).start()
+    place.started = True
+    try:
+        threading.Thread(target=run, name="chorus-sse-follower", daemon=True).start()
+    except BaseException:
+        place.leave()
+        raise
     try:
         while True:
             item = await queue.get()
@@ -106,16 +150,20 @@ async def _threaded(events: Callable[[threading.Event], Iterator[Event]]) -> Asy
 def job_events(job: Job, since: int, deltas: bool) -> AsyncIterator[Event]:
     """The job's events after ``since``, live until its turn ends (its last
     ones waited for at most :data:`SETTLE_SECONDS`)."""
-    OPEN.admit(job._client.settings.max_event_streams)
-    return _threaded(lambda stop: follow_until(job, since, deltas, stop, SETTLE_SECONDS))
+    return _admitted(
+        job._client.settings.max_event_streams,
+        lambda stop: follow_until(job, since, deltas, stop, SETTLE_SECONDS),
+    )
 
 
 def tree_events(client: Client, root_id: str, since: int, deltas: bool) -> AsyncIterator[Event]:
     """Every event of the conversation tree after ``since``: the stored
     ones, then each turn that runs on the root conversation, live, until
     the root is idle (a turn a queued message starts is followed too)."""
-    OPEN.admit(client.settings.max_event_streams)
-    return _threaded(lambda stop: _tree(client, root_id, since, deltas, stop))
+    return _admitted(
+        client.settings.max_event_streams,
+        lambda stop: _tree(client, root_id, since, deltas, stop),
+    )
 
 
 def _tree(

@@ -466,6 +466,40 @@ def _scrolled(page: Page, selector: str | None, what: str) -> str:
     )
 
 
+#: A site of an attacker's (Playwright answers for it: no network).
+EVIL = "http://evil.test/"
+
+
+@pytest.mark.parametrize("action", ["login", "logout"])
+def test_another_sites_form_cannot_log_the_dashboard_in_or_out(
+    server: Server, logged_in: LoggedIn, tokens: dict[str, str], action: str
+) -> None:
+    """A page of another site that posts a form to /dashboard/login swapped
+    the visitor's session for the attacker's tenant (what they then sent or
+    approved went to the attacker); one posting to /dashboard/logout ended it."""
+    # Given a visitor logged in as acme who opens a page of another site
+    page = logged_in(tokens["acme"])
+    form = (
+        f'<form method="post" action="{server.url}/dashboard/{action}">'
+        f'<input name="token" value="{tokens["initech"]}"></form>'
+        "<script>document.forms[0].submit()</script>"
+    )
+    page.route(EVIL, lambda route: route.fulfill(content_type="text/html", body=form))
+    # When that page posts its form to the dashboard
+    with page.expect_response(f"{server.url}/dashboard/{action}") as posted:
+        page.goto(EVIL)
+    assert posted.value.status == 403
+    # Then the visitor's session is still acme's
+    [cookie] = [c for c in page.context.cookies(server.url) if c["name"] == "chorus_token"]
+    assert cookie["value"] == tokens["acme"]
+    page.goto(f"{server.url}/dashboard/jobs")
+    expect(page.locator(".who")).to_contain_text("tenant acme")
+    # And the dashboard's own form still logs out (its own login form logged in)
+    page.get_by_role("button", name="Log out").click()
+    page.wait_for_url("**/dashboard/login")
+    assert not [c for c in page.context.cookies(server.url) if c["name"] == "chorus_token"]
+
+
 def test_a_run_of_ten_thousand_events_and_200_subagents_opens_within_the_bound(
     logged_in: LoggedIn, tokens: dict[str, str], client: Client
 ) -> None:

@@ -192,38 +192,85 @@ def _until_waiting(answer: httpx.Response) -> None:
     raise AssertionError("the stream ended before the call waited")
 
 
-def test_event_streams_past_the_cap_are_503_until_one_leaves(
-    settings: Settings, acme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given a server that serves at most two event streams
+@pytest.fixture
+def capped(
+    settings: Settings, workers: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Server]:
+    """A server of its own (and the fleet) that serves at most two event streams."""
     monkeypatch.setenv("CHORUS_MAX_EVENT_STREAMS", "2")
-    capped = start_server(settings, tmp_path / "capped.log")
+    found = start_server(settings, tmp_path / "capped.log")
     try:
-        with httpx.Client(base_url=capped.url, headers=bearer(acme), timeout=30) as http:
-            job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "wait"}).json()
-            url = f"/v1/jobs/{job['job_id']}/events"
-            try:
-                # When two follow a job that waits for a person
-                with http.stream("GET", url) as one, http.stream("GET", url) as two:
-                    _until_waiting(one)
-                    _until_waiting(two)
-                    # Then a third is refused at once, as JSON
-                    third = http.get(url)
-                    assert third.status_code == 503, third.text
-                    assert third.json()["type"] == "ServiceUnavailableError"
-                # And once they left (their threads end at a quiet period), one is served
-                deadline = time.monotonic() + 30
-                while True:
-                    with http.stream("GET", url) as again:
-                        if again.status_code == 200:
-                            break
-                    assert time.monotonic() < deadline, "the streams that left still count"
-                    time.sleep(0.5)
-            finally:
-                http.post(f"/v1/jobs/{job['job_id']}/cancel")
+        yield found
     finally:
-        capped.proc.terminate()
-        capped.proc.wait(15)
+        found.proc.terminate()
+        found.proc.wait(15)
+
+
+def test_event_streams_past_the_cap_are_503_until_one_leaves(capped: Server, acme: str) -> None:
+    # Given a server that serves at most two event streams
+    with httpx.Client(base_url=capped.url, headers=bearer(acme), timeout=30) as http:
+        job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "wait"}).json()
+        url = f"/v1/jobs/{job['job_id']}/events"
+        try:
+            # When two follow a job that waits for a person
+            with http.stream("GET", url) as one, http.stream("GET", url) as two:
+                _until_waiting(one)
+                _until_waiting(two)
+                # Then a third is refused at once, as JSON
+                third = http.get(url)
+                assert third.status_code == 503, third.text
+                assert third.json()["type"] == "ServiceUnavailableError"
+            # And once they left (their threads end at a quiet period), one is served
+            deadline = time.monotonic() + 30
+            while True:
+                with http.stream("GET", url) as again:
+                    if again.status_code == 200:
+                        break
+                assert time.monotonic() < deadline, "the streams that left still count"
+                time.sleep(0.5)
+        finally:
+            http.post(f"/v1/jobs/{job['job_id']}/cancel")
+
+
+#: Event streams asked for at once of the capped server below.
+BURST = 50
+
+
+def test_a_burst_of_event_streams_cannot_pass_the_cap(capped: Server, acme: str) -> None:
+    """The cap was checked when a stream was asked for but counted only once
+    its follower thread ran: of 50 streams asked for at once, 17 were served."""
+    # Given a job that waits for a person
+    with httpx.Client(base_url=capped.url, headers=bearer(acme), timeout=30) as http:
+        job = http.post("/v1/jobs", json={"agent": "travel-desk", "input": "burst"}).json()
+    url = f"{capped.url}/v1/jobs/{job['job_id']}/events"
+
+    async def burst() -> list[int]:
+        go, answered = asyncio.Event(), asyncio.Event()
+        codes: list[int] = []
+
+        async def follow(http: httpx.AsyncClient) -> None:
+            await go.wait()
+            async with http.stream("GET", url) as got:
+                codes.append(got.status_code)
+                if len(codes) == BURST:
+                    answered.set()
+                await asyncio.wait_for(answered.wait(), 30)  # served ones stay open meanwhile
+
+        limits = httpx.Limits(max_connections=None)
+        async with httpx.AsyncClient(headers=bearer(acme), timeout=30, limits=limits) as http:
+            followers = [asyncio.create_task(follow(http)) for _ in range(BURST)]
+            await asyncio.sleep(0.2)  # every request ready, then all at once
+            go.set()
+            await asyncio.gather(*followers)
+        return codes
+
+    # When BURST streams of it are asked for at once of a server that serves two
+    try:
+        codes = asyncio.run(burst())
+    finally:
+        httpx.post(f"{url.removesuffix('/events')}/cancel", headers=bearer(acme), timeout=30)
+    # Then two are served and every other one is refused
+    assert sorted(codes) == [200] * 2 + [503] * (BURST - 2), codes
 
 
 def test_a_body_that_never_ends_is_408_within_the_bound() -> None:

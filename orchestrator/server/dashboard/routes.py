@@ -79,8 +79,30 @@ def login_form(request: Request) -> Response:
     return _page(request, "login.html")
 
 
+def _cross_site(request: Request) -> bool:
+    """Did another site's page send this request? A browser says so in
+    ``Sec-Fetch-Site``, or, without it, by an ``Origin`` that is not this
+    server (a client that sends neither is no browser page)."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return site not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    return urllib.parse.urlsplit(origin).netloc != request.headers.get("host")
+
+
+def _refused_cross_site(request: Request) -> Response:
+    message = "the dashboard's session is changed only from its own pages"
+    return _page(request, "error.html", 403, status=403, message=message)
+
+
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
+    # SameSite keeps the cookie from being sent cross-site, not from being
+    # set: another site's form could log a visitor in as the attacker
+    if _cross_site(request):
+        return _refused_cross_site(request)
     form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
     token = (form.get("token") or [""])[0].strip()
     if not token or len(token) > MAX_TOKEN_CHARS or not token.isascii():
@@ -103,7 +125,9 @@ async def login(request: Request) -> Response:
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(request: Request) -> Response:
+    if _cross_site(request):
+        return _refused_cross_site(request)
     answer = _login()
     answer.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return answer
