@@ -558,7 +558,24 @@ def server(
     from orchestrator.server.app import create_app
 
     application = create_app(_settings(), keepalive=keepalive)
-    uvicorn.run(application, host=host, port=port, log_level=loglevel.lower())
+    uvicorn.run(
+        application,
+        host=host,
+        port=port,
+        log_level=loglevel.lower(),
+        log_config=_redacted_log_config(uvicorn.config.LOGGING_CONFIG),
+    )
+
+
+def _redacted_log_config(config: dict[str, Any]) -> dict[str, Any]:
+    """uvicorn's logging, every handler redacting credentials (a token a
+    client put in a URL's query would be in the access log)."""
+    redacting = {"redact": {"()": "orchestrator.logs.RedactingFilter"}}
+    handlers = {
+        name: {**handler, "filters": [*handler.get("filters", []), "redact"]}
+        for name, handler in config["handlers"].items()
+    }
+    return {**config, "filters": {**config.get("filters", {}), **redacting}, "handlers": handlers}
 
 
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

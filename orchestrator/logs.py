@@ -52,6 +52,8 @@ _SECRETS = (
     (re.compile(r"\b(gh[pousr]|gsk|hf)_[A-Za-z0-9]{20,}"), r"\1_***"),
     (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), "github_pat_***"),
     (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), r"\1***"),  # AWS access key ids
+    # Chorus's API tokens (chorus_<prefix>_<secret>): the prefix is shown, as the token list does
+    (re.compile(r"\b(chorus_[0-9a-f]{8}_)[0-9a-f]{16,}"), r"\1***"),
 )
 
 #: An environment variable holds a credential when a word of its name
@@ -186,6 +188,18 @@ def bind(**ids: Any) -> None:
 
 def current_ids() -> dict[str, Any]:
     return dict(_context.get() or {})
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts a record's string arguments: for loggers Chorus does not
+    format itself (uvicorn's access log prints each request's path and
+    query, where a client may have put a token)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        record.msg = redact(record.msg) if isinstance(record.msg, str) else record.msg
+        return True
 
 
 class _ContextFilter(logging.Filter):

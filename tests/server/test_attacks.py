@@ -474,3 +474,21 @@ def test_result_waits_cannot_hold_every_thread_the_other_requests_need(
     assert codes == [409] * MAX_WAITING + [503] * (WAITERS - MAX_WAITING), codes
     refused = next(answer for answer in answers if answer.status_code == 503)
     assert refused.json()["type"] == "ServiceUnavailableError"
+
+
+def test_a_token_put_in_a_url_is_refused_and_kept_out_of_the_servers_log(
+    server: Server, acme: str
+) -> None:
+    """uvicorn's access log printed each request's path and query: a client
+    that put its token in the URL had it refused, and written to the log."""
+    secret = acme.rsplit("_", 1)[1]
+    for query in (f"token={acme}", f"access_token={acme}", f"t={acme}"):
+        answer = httpx.get(f"{server.url}/v1/jobs?{query}", timeout=30)
+        assert answer.status_code == 401, (query, answer.text)
+    prefix = acme.rsplit("_", 1)[0]  # chorus_<prefix>: shown, as `chorus token list` does
+    masked = [f"GET /v1/jobs?{q} " for q in ("token=***", "access_token=***", f"t={prefix}_***")]
+    deadline = time.monotonic() + 10
+    while not all(m in (log := server.log.read_text()) for m in masked):
+        assert time.monotonic() < deadline, log[-2000:]  # the three requests, masked
+        time.sleep(0.1)
+    assert secret not in log
