@@ -56,7 +56,8 @@ class Resuming:
                 time.sleep(0.3)
 
 
-@pytest.mark.long
+# chaos (-m slow); the default run keeps test_sse.py's reconnect and resume tests
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_followers_get_each_event_once_across_a_killed_server_and_redis(
     services: Services, tmp_path: Path
