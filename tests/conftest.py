@@ -63,9 +63,6 @@ def settings(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Se
         sweep_interval=2.0,
         model_endpoints=[LOOPBACK_ENDPOINTS],
         registration_ttl=REGISTRATION_TTL,
-        # the test process's own clients share the server's max_connections too
-        db_pool_size=int(WORKER_POOL_SIZE),
-        db_pool_overflow=int(WORKER_POOL_OVERFLOW),
     )
 
 
