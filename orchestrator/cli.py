@@ -496,8 +496,7 @@ def approve(
     by: Annotated[str | None, typer.Option("--by", help="Who answers (default: $USER).")] = None,
 ) -> None:
     """Approve a tool call waiting for an answer: it runs and its turn goes on."""
-    with _answering("approved", call_id):
-        _answered("approved", call_id, _reader().approve(call_id, note=note, by=by))
+    _answered("approved", call_id, _reader().approve(call_id, note=note, by=by))
 
 
 @app.command()
@@ -507,13 +506,14 @@ def deny(
     by: Annotated[str | None, typer.Option("--by", help="Who answers (default: $USER).")] = None,
 ) -> None:
     """Deny a tool call waiting for an answer: the model gets an error with the reason."""
-    with _answering("denied", call_id):
-        _answered("denied", call_id, _reader().deny(call_id, reason=reason, by=by))
+    _answered("denied", call_id, _reader().deny(call_id, reason=reason, by=by))
 
 
 def _answered(decision: str, call_id: str, sent: bool) -> None:
-    """The answer's line: sent, or stored while Redis did not take its call
-    (one line saying the answer stands, exit status 1, as :func:`_answering`)."""
+    """The answer's line. An answer is stored in Postgres before anything
+    goes to Redis: if Redis then did not take its call, the one line says the
+    answer stands (the sweeper sends what it moves on), so that it is not
+    given again, and the exit status is 1."""
     if sent:
         console.print(f"{decision} {call_id}")
         return
@@ -522,24 +522,6 @@ def _answered(decision: str, call_id: str, sent: bool) -> None:
         "the sweeper sends it on once Redis answers"
     )
     sys.exit(UNREACHABLE)
-
-
-@contextlib.contextmanager
-def _answering(decision: str, call_id: str) -> Iterator[None]:
-    """An answer is stored in Postgres before anything goes to Redis: if
-    Redis then does not answer, the one line says the answer stands (the
-    sweeper sends what it moves on), so it is not given again."""
-    try:
-        yield
-    except Exception as exc:
-        down = _unreachable(exc)
-        if down is None or not down.startswith("Redis"):
-            raise
-        errors.print(
-            f"chorus: {decision} {call_id} (stored), but {down}; "
-            "the sweeper sends it on once Redis answers"
-        )
-        sys.exit(UNREACHABLE)
 
 
 @app.command()
